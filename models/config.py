@@ -1,0 +1,175 @@
+"""Run configuration: one dataclass per concern, composed in `RunConfig`, round-tripped through
+`config.json`, validated on construction with messages that say what to change."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks import TASK_CONFIGS, CompositeConfig, ConfigError, LegoConfig
+
+ACT_FNS = ("gelu", "relu", "silu", "gelu_new")
+NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class ModelConfig:
+    """A HookedTransformer's shape and the variants the studies need.
+
+    init_gamma: every weight matrix drawn N(0, d_in^(-2 gamma)), i.e. std = d_in^-gamma
+      (None keeps TransformerLens's default init).
+    tie_layers: ALBERT-style; every block shares block 0's parameters, hooks stay per layer.
+    min_depth: stochastic depth; each training batch runs the first d blocks, d drawn uniformly
+      from min_depth..n_layers; evaluation always uses all n_layers.
+    """
+
+    n_layers: int = 4
+    d_model: int = 64
+    n_heads: int = 4
+    d_head: int | None = None  # default d_model // n_heads
+    d_mlp: int | None = None  # default 4 * d_model
+    act_fn: str = "gelu"
+    normalization: str = "LN"
+    init_gamma: float | None = None
+    tie_layers: bool = False
+    min_depth: int | None = None
+    n_ctx: int | None = None  # default: the task's sequence length
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name}={getattr(self, name)} must be >= 1")
+        if self.d_head is None and self.d_model % self.n_heads:
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set model.d_head")
+        if self.act_fn not in ACT_FNS:
+            raise ConfigError(f"model.act_fn={self.act_fn!r} is unknown; use one of {ACT_FNS}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ConfigError(f"model.normalization={self.normalization!r} is unknown; use one of {NORMALIZATIONS}")
+        if self.init_gamma is not None and self.init_gamma <= 0:
+            raise ConfigError(f"model.init_gamma={self.init_gamma} must be > 0 (std = d_in^-gamma), or null for the default init")
+        if self.min_depth is not None and not 1 <= self.min_depth <= self.n_layers:
+            raise ConfigError(f"model.min_depth={self.min_depth} is outside 1..n_layers={self.n_layers}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def mlp_dim(self) -> int:
+        return self.d_mlp or 4 * self.d_model
+
+
+@dataclass
+class TrainConfig:
+    """AdamW with linear warm-up then cosine decay to `min_lr`; loss only on supervised labels.
+
+    n_train: None draws fresh training data every step; a number fixes a training set of that
+      many samples, cycled in shuffled epochs.
+    """
+
+    steps: int = 1000
+    batch_size: int = 128
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float | None = 1.0
+    n_train: int | None = None
+    eval_every: int = 100
+    eval_size: int = 2000
+    checkpoint_every: int = 500
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every", "eval_size", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name}={getattr(self, name)} must be >= 1")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr}: need 0 <= min_lr <= lr and lr > 0")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ConfigError(f"train.warmup_steps={self.warmup_steps} is outside 0..steps={self.steps}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay={self.weight_decay} must be >= 0")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ConfigError(f"train.grad_clip={self.grad_clip} must be > 0, or null for no clipping")
+        if self.n_train is not None and self.n_train < self.batch_size:
+            raise ConfigError(f"train.n_train={self.n_train} is smaller than batch_size={self.batch_size}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"train.device={self.device!r} is unknown; use one of {DEVICES}")
+
+
+@dataclass
+class RunConfig:
+    task: LegoConfig | CompositeConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        task_data = dict(data["task"])
+        name = task_data.get("name")
+        if name not in TASK_CONFIGS:
+            raise ConfigError(f"task.name={name!r} is unknown; use one of {sorted(TASK_CONFIGS)}")
+        return cls(
+            task=_build(TASK_CONFIGS[name], task_data, "task"),
+            model=_build(ModelConfig, data.get("model", {}), "model"),
+            train=_build(TrainConfig, data.get("train", {}), "train"),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def with_overrides(self, assignments: list[str]) -> RunConfig:
+        """A copy with `section.key=value` assignments applied (values parsed as JSON when they
+        parse, else taken as strings), validated like any other config."""
+        data = self.to_dict()
+        for assignment in assignments:
+            key, sep, raw = assignment.partition("=")
+            section, _, name = key.strip().partition(".")
+            if not sep or section not in data or not name:
+                raise ConfigError(f"--set {assignment!r} is not of the form section.key=value with section in {sorted(data)}")
+            if name not in data[section]:
+                raise ConfigError(f"--set {key}: {section} has no field {name!r}; fields: {sorted(data[section])}")
+            data[section][name] = _parse_value(raw)
+        return RunConfig.from_dict(data)
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+    """Construct a config dataclass, checking field names and coarse types first."""
+    hints = typing.get_type_hints(cls)
+    unknown = set(values) - set(hints)
+    if unknown:
+        raise ConfigError(f"{section} has no field(s) {sorted(unknown)}; fields: {sorted(hints)}")
+    coerced = {k: _coerce(v, hints[k], f"{section}.{k}") for k, v in values.items()}
+    return cls(**coerced)
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Accept ints for floats; reject values of the wrong kind with a message."""
+    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    allowed = typing.get_args(hint) if is_union else (hint,)
+    if value is None and type(None) in allowed:
+        return None
+    if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    for kind in allowed:
+        origin = typing.get_origin(kind) or kind
+        if isinstance(origin, type) and isinstance(value, origin) and not (origin is int and isinstance(value, bool)):
+            return value
+    raise ConfigError(f"{where}={value!r} has the wrong type; expected {hint}")

@@ -1,0 +1,106 @@
+"""The one place that constructs TransformerLens models: `build_model(model_cfg, task)`.
+
+Variants are options of the one factory: encoder or decoder (from the task), init scale
+(`init_gamma`), tied layers (ALBERT), and a depth-limited forward for stochastic depth.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from models.config import ModelConfig
+from tasks import ConfigError, Task
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+# TransformerLens 3.x warns on every construction that HookedTransformer moves to TransformerBridge
+# in 4.0; we pin <4 on purpose (DESIGN.md), so the warning carries no news for our users.
+warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
+
+
+def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch.device = "cpu") -> HookedTransformer:
+    """A fresh HookedTransformer for `task`: bidirectional encoder with a class head for LEGO,
+    causal decoder for composite. Initialisation is seeded without touching the global RNG."""
+    n_ctx = cfg.n_ctx or task.n_ctx
+    if task.n_ctx > n_ctx:
+        raise ConfigError(f"the task's sequences have {task.n_ctx} tokens but model.n_ctx={n_ctx}; use model.n_ctx >= {task.n_ctx}")
+    tl_cfg = HookedTransformerConfig(
+        n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, d_head=cfg.head_dim,
+        d_mlp=cfg.mlp_dim, d_vocab=task.d_vocab, d_vocab_out=task.d_vocab_out, n_ctx=n_ctx,
+        act_fn=cfg.act_fn, normalization_type=cfg.normalization,
+        attention_dir="causal" if task.causal else "bidirectional", default_prepend_bos=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = HookedTransformer(tl_cfg)
+        if cfg.init_gamma is not None:
+            apply_init_scale(model, cfg.init_gamma)
+    if cfg.tie_layers:
+        tie_layers(model)
+    return model.to(device, print_details=False)
+
+
+def fan_in(name: str, param: Tensor) -> int:
+    """The input dimension a weight matrix contracts over (its d_in).
+
+    Embeddings and positional embeddings count their width d_model, as nn.Embedding's
+    convention of the last axis; W_O contracts over all heads' outputs (n_heads * d_head).
+    """
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "W_O":
+        return param.shape[0] * param.shape[1]
+    if leaf in ("W_E", "W_pos"):
+        return param.shape[-1]
+    return param.shape[-2]  # W_Q/W_K/W_V [head, d_model, d_head], W_in, W_out, W_U [d_in, d_out]
+
+
+def apply_init_scale(model: HookedTransformer, gamma: float) -> None:
+    """Redraw every weight matrix from N(0, d_in^(-2 gamma)) and zero the biases; norms keep
+    their identity init. Larger gamma means smaller initial weights."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf.startswith("W_"):
+                param.normal_(0.0, fan_in(name, param) ** -gamma)
+            elif leaf.startswith("b_"):
+                param.zero_()
+
+
+def tie_layers(model: HookedTransformer) -> None:
+    """ALBERT: make every block's parameters *the same* nn.Parameter objects as block 0's.
+    Each block stays its own module, so hook names (`blocks.3.attn.hook_pattern`) are per layer."""
+    source = dict(model.blocks[0].named_parameters())
+    for block in model.blocks[1:]:
+        for name, param in source.items():
+            owner_path, _, leaf = name.rpartition(".")
+            owner = block.get_submodule(owner_path) if owner_path else block
+            setattr(owner, leaf, param)
+
+
+def layers_are_tied(model: HookedTransformer) -> bool:
+    first = list(model.blocks[0].parameters())
+    return all(
+        all(a is b for a, b in zip(first, block.parameters())) for block in model.blocks[1:]
+    )
+
+
+def forward(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], depth: int | None = None
+) -> Float[Tensor, "batch pos d_vocab_out"]:
+    """Logits from the first `depth` blocks (all of them when None): stochastic depth skips the
+    top blocks and reads the residual stream through the final norm and unembedding."""
+    if depth is None or depth >= model.cfg.n_layers:
+        return model(tokens)
+    resid = model(tokens, stop_at_layer=depth)
+    return model.unembed(model.ln_final(resid))
+
+
+def unique_parameters(model: nn.Module) -> dict[str, Tensor]:
+    """Parameters by their first name; tied copies appear once (safetensors refuses aliases)."""
+    return dict(model.named_parameters())

@@ -1,0 +1,215 @@
+"""The trainer: AdamW with warm-up + cosine, loss only on supervised labels, periodic evaluation
+on held-out data, atomic resumable checkpoints, and a stop with a clear message on divergence.
+
+`Trainer.fit()` is short and delegates to `_train_step`, `_evaluate` and `_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+
+from models.config import RunConfig, TrainConfig
+from models.factory import build_model, forward, unique_parameters
+from models.runs import METRICS, TRAIN_STATE, WEIGHTS, load_weights, read_metrics, save_tensors, write_config
+from tasks import Batch, logits_at_labels, make_task, seeded_generator
+
+EVAL_CHUNK = 1000  # samples per evaluation forward pass; bounds memory on long sequences
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the run is recorded as diverged."""
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    seconds: float
+    final: dict[str, Any]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device='cuda' but no CUDA device is available; use --device auto or cpu")
+    return torch.device(name)
+
+
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to `lr` over `warmup_steps`, then cosine decay to `min_lr` at `steps`."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def supervised_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Cross-entropy over the supervised labels only, read at their label positions."""
+    picked = logits_at_labels(logits, batch.label_pos)
+    return F.cross_entropy(picked[batch.loss_mask], batch.labels[batch.loss_mask])
+
+
+class Trainer:
+    """Trains one run into `run_dir`. With `resume=True` it continues from the folder's last
+    checkpoint and ends with the same weights as an uninterrupted run."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True):
+        self.cfg, self.run_dir, self.resume, self.progress = cfg, Path(run_dir), resume, progress
+        self.task = make_task(cfg.task)
+        self.device = resolve_device(cfg.train.device)
+        self.model = build_model(cfg.model, self.task, seed=cfg.train.seed, device=self.device)
+        self.optimizer = self._make_optimizer()
+        seed = cfg.train.seed
+        self.data_gen, self.depth_gen = seeded_generator(seed), seeded_generator(seed + 1)
+        # evaluation data comes from its own seeds, so it is the same however training is split
+        self.eval_batch = self.task.sample(cfg.train.eval_size, seeded_generator(seed + 1_000_003), split="test")
+        n_train = cfg.train.n_train
+        self.train_set = self.task.sample(n_train, seeded_generator(seed + 2_000_003)) if n_train else None
+        self.step, self.loss_sum, self.loss_count, self.elapsed = 0, 0.0, 0, 0.0
+
+    def _make_optimizer(self) -> torch.optim.AdamW:
+        params = unique_parameters(self.model)
+        decay = [p for n, p in params.items() if n.rsplit(".", 1)[-1].startswith("W_")]
+        rest = [p for n, p in params.items() if not n.rsplit(".", 1)[-1].startswith("W_")]
+        groups = [{"params": decay, "weight_decay": self.cfg.train.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=self.cfg.train.lr)
+
+    def fit(self) -> TrainResult:
+        # denormal floats make CPU matmuls several times slower once small weights decay (large
+        # init, gamma ~0.3); flushing them to zero changes no result we measure
+        torch.set_flush_denormal(True)
+        self._restore() if self.resume else self._start()
+        train = self.cfg.train
+        bar = tqdm(total=train.steps, initial=self.step, disable=not self.progress, desc=self.run_dir.name,
+                   dynamic_ncols=True, mininterval=1.0)
+        record: dict[str, Any] = {}
+        started = time.perf_counter() - self.elapsed
+        while self.step < train.steps:
+            self._train_step(self._next_batch())
+            self.step += 1
+            bar.update(1)
+            self.elapsed = time.perf_counter() - started
+            if self.step % train.eval_every == 0 or self.step == train.steps:
+                record = self._evaluate()
+                bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=_headline(record))
+            if self.step % train.checkpoint_every == 0 or self.step == train.steps:
+                self._checkpoint()
+        bar.close()
+        return TrainResult(self.step, self.elapsed, record or (read_metrics(self.run_dir) or [{}])[-1])
+
+    def _start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_config(self.run_dir, self.cfg)
+        (self.run_dir / METRICS).write_text("")
+
+    def _next_batch(self) -> Batch:
+        size = self.cfg.train.batch_size
+        if self.train_set is None:
+            batch = self.task.sample(size, self.data_gen, split="train")
+        else:
+            batch = self.train_set.select(torch.randint(len(self.train_set), (size,), generator=self.data_gen))
+        return batch.to(self.device)
+
+    def _train_step(self, batch: Batch) -> float:
+        self.model.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.step, self.cfg.train)
+        loss = supervised_loss(forward(self.model, batch.tokens, self._draw_depth()), batch)
+        if not torch.isfinite(loss):
+            self._record_divergence(loss.item())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.train.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        self.optimizer.step()
+        self.loss_sum, self.loss_count = self.loss_sum + loss.item(), self.loss_count + 1
+        return loss.item()
+
+    def _draw_depth(self) -> int | None:
+        low = self.cfg.model.min_depth
+        if low is None:
+            return None
+        return int(torch.randint(low, self.cfg.model.n_layers + 1, (1,), generator=self.depth_gen))
+
+    def _record_divergence(self, value: float) -> None:
+        self._append_metrics({"step": self.step, "diverged": True, "train_loss": str(value)})
+        raise TrainingDiverged(
+            f"the training loss became {value} at step {self.step}; the run is recorded as diverged in "
+            f"{self.run_dir / METRICS}. Lower train.lr (now {self.cfg.train.lr}), set train.grad_clip, "
+            f"or raise model.init_gamma (smaller initial weights)."
+        )
+
+    @torch.no_grad()
+    def _evaluate(self) -> dict[str, Any]:
+        """Loss and task accuracies on the fixed held-out batch, at full depth."""
+        self.model.eval()
+        batch = self.eval_batch.to(self.device)
+        logits = torch.cat([forward(self.model, batch.tokens[i : i + EVAL_CHUNK]) for i in range(0, len(batch), EVAL_CHUNK)])
+        picked = logits_at_labels(logits, batch.label_pos)
+        scored = batch.label_mask & batch.loss_mask if batch.loss_mask.any() else batch.label_mask
+        eval_loss = F.cross_entropy(picked[scored], batch.labels[scored]).item()
+        record = {
+            "step": self.step, "lr": learning_rate(self.step - 1, self.cfg.train),
+            "train_loss": self.loss_sum / max(1, self.loss_count), "eval_loss": eval_loss,
+            "elapsed_s": round(self.elapsed, 2), **self.task.accuracy(batch.to("cpu"), picked.argmax(-1).cpu()),
+        }
+        self.loss_sum, self.loss_count = 0.0, 0
+        self._append_metrics(record)
+        return record
+
+    def _append_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.run_dir / METRICS, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _checkpoint(self) -> None:
+        """Weights, optimizer moments and RNG states in one file, replaced atomically."""
+        tensors = {f"model.{k}": v for k, v in unique_parameters(self.model).items()}
+        for index, state in self.optimizer.state_dict()["state"].items():
+            tensors.update({f"optim.{index}.{k}": torch.as_tensor(v) for k, v in state.items()})
+        tensors["rng.data"], tensors["rng.depth"] = self.data_gen.get_state(), self.depth_gen.get_state()
+        meta = {"step": str(self.step), "elapsed": repr(self.elapsed),
+                "loss_sum": repr(self.loss_sum), "loss_count": str(self.loss_count)}
+        save_tensors(self.run_dir / TRAIN_STATE, tensors, meta)
+        save_tensors(self.run_dir / WEIGHTS, unique_parameters(self.model))
+
+    def _restore(self) -> None:
+        path = self.run_dir / TRAIN_STATE
+        if not path.exists():
+            raise FileNotFoundError(f"--resume: {path} does not exist; there is no checkpoint to resume from")
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+        tensors = load_file(str(path))
+        load_weights(self.model, {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+        self._load_optimizer_state(tensors)
+        self.data_gen.set_state(tensors["rng.data"])
+        self.depth_gen.set_state(tensors["rng.depth"])
+        self.step, self.elapsed = int(meta["step"]), float(meta["elapsed"])
+        self.loss_sum, self.loss_count = float(meta["loss_sum"]), int(meta["loss_count"])
+        kept = [r for r in read_metrics(self.run_dir) if r["step"] <= self.step and not r.get("diverged")]
+        (self.run_dir / METRICS).write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def _load_optimizer_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in tensors.items():
+            if key.startswith("optim."):
+                _, index, name = key.split(".", 2)
+                state.setdefault(int(index), {})[name] = value if name == "step" else value.to(self.device)
+        template = self.optimizer.state_dict()
+        self.optimizer.load_state_dict({"state": state, "param_groups": template["param_groups"]})
+
+
+def _headline(record: dict[str, Any]) -> str:
+    value = record.get("acc_supervised", record.get("acc_seen"))
+    return "-" if value is None else f"{value:.3f}"

@@ -1,0 +1,69 @@
+"""What every task hands to models and analyses: one batch type and a few shared helpers.
+
+Shape glossary: batch = samples, pos = token positions, label = label slots of a sample
+(LEGO: one per variable in chain order; composite: one), d_vocab_out = classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the value and what is allowed."""
+
+
+@dataclass
+class Batch:
+    """Token sequences with their labels and where the labels are read.
+
+    `latents` hold the generative variables a sample was built from (variable letters, group
+    elements, keys ...), so that `corrupt()` can change one of them and rebuild the sample.
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    labels: Int[Tensor, "batch label"]
+    label_pos: Int[Tensor, "batch label"]
+    label_mask: Bool[Tensor, "batch label"]  # the label exists (False for padding)
+    loss_mask: Bool[Tensor, "batch label"]  # the label is supervised in training
+    latents: dict[str, Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def to(self, device: torch.device | str) -> Batch:
+        moved = {k: v.to(device) for k, v in self.latents.items()}
+        tensors = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self) if f.name != "latents"}
+        return Batch(**tensors, latents=moved)
+
+    def select(self, index: Tensor | slice) -> Batch:
+        """The sub-batch of the given sample indices (a slice or index tensor)."""
+        picked = {k: v[index] for k, v in self.latents.items()}
+        tensors = {f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self) if f.name != "latents"}
+        return Batch(**tensors, latents=picked)
+
+
+def logits_at_labels(
+    logits: Float[Tensor, "batch pos d_vocab_out"], label_pos: Int[Tensor, "batch label"]
+) -> Float[Tensor, "batch label d_vocab_out"]:
+    """The model's logits at each label position."""
+    index = label_pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    return logits.gather(1, index)
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A local CPU generator: tasks never touch the global RNG."""
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    return gen
+
+
+def uniform_choice(weights: Bool[Tensor, "batch n"], gen: torch.Generator) -> Int[Tensor, " batch"]:
+    """One index per row, uniform among the True entries of `weights` (each row needs one)."""
+    scores = torch.rand(weights.shape, generator=gen).masked_fill(~weights, -1.0)
+    return scores.argmax(dim=-1)

@@ -1,0 +1,222 @@
+"""LEGO: chains of group operations, `a = +1 ; b = -a ; ...`, clauses in random order.
+
+A sentence is [BOS] followed by n clauses of five tokens `lhs = g rhs ;` and [EOS]. The clauses
+form one chain x0 -> v0 -> v1 -> ... -> v(n-1): v0's right-hand side is a value x0 of the set X,
+every later variable's right-hand side is the previous variable. Labels are the variables'
+values in chain order (#0 next to the root) and are read at each clause's left-hand token.
+
+Shape glossary: batch = sentences, pos = token positions, var = variables in chain order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import string
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from tasks.base import Batch, ConfigError, uniform_choice
+
+CLAUSE_LEN = 5  # lhs = g rhs ;
+SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "=", ";"]
+PAD, BOS, EOS, EQUALS, SEMI = range(len(SPECIALS))
+VARIABLES = list(string.ascii_lowercase)
+SUPERVISION_MODES = ("all", "first", "first+last")
+
+
+@dataclass(frozen=True)
+class Group:
+    """A finite group acting on a finite set: `action[g, x]` is the index of g applied to x."""
+
+    name: str
+    elements: tuple[str, ...]
+    values: tuple[str, ...]
+    action: tuple[tuple[int, ...], ...]
+
+
+def _z2() -> Group:
+    return Group("z2", ("+", "-"), ("1", "-1"), ((0, 1), (1, 0)))
+
+
+def _s3() -> Group:
+    perms = list(itertools.permutations(range(3)))  # perms[g][x] = g(x), 0-based
+    names = {(0, 1, 2): "id", (1, 0, 2): "(12)", (2, 1, 0): "(13)", (0, 2, 1): "(23)",
+             (1, 2, 0): "(123)", (2, 0, 1): "(132)"}
+    return Group("s3", tuple(names[p] for p in perms), ("1", "2", "3"), tuple(perms))
+
+
+GROUPS = {"z2": _z2, "s3": _s3}
+
+
+@dataclass
+class LegoConfig:
+    """LEGO sentences: `n_vars` clauses over `group`, supervision on some variables.
+
+    supervision: "all"; "first" (#0..#n_supervised-1, the length-extrapolation setting);
+    "first+last" (#0..#n_supervised-1 and the last variable, the shortcut study).
+    min_vars: when below n_vars, each sentence's chain length is drawn from min_vars..n_vars
+    and shorter sentences are padded (padding is never supervised nor scored).
+    """
+
+    name: str = "lego"
+    group: str = "z2"
+    n_vars: int = 6
+    supervision: str = "first"
+    n_supervised: int = 3
+    min_vars: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.group not in GROUPS:
+            raise ConfigError(f"task.group={self.group!r} is unknown; use one of {sorted(GROUPS)}")
+        if not 1 <= self.n_vars <= len(VARIABLES):
+            raise ConfigError(
+                f"task.n_vars={self.n_vars} is outside 1..{len(VARIABLES)} (one letter per variable)"
+            )
+        if self.supervision not in SUPERVISION_MODES:
+            raise ConfigError(f"task.supervision={self.supervision!r} is unknown; use one of {SUPERVISION_MODES}")
+        if self.supervision != "all" and not 1 <= self.n_supervised <= self.n_vars:
+            raise ConfigError(f"task.n_supervised={self.n_supervised} is outside 1..n_vars={self.n_vars}")
+        if self.min_vars is not None and not 1 <= self.min_vars <= self.n_vars:
+            raise ConfigError(f"task.min_vars={self.min_vars} is outside 1..n_vars={self.n_vars}")
+
+
+class LegoTask:
+    """Seeded, batched LEGO sentences with labels, chain depths and counterfactual twins."""
+
+    causal = False
+
+    def __init__(self, cfg: LegoConfig):
+        self.cfg = cfg
+        self.group = GROUPS[cfg.group]()
+        self.action = torch.tensor(self.group.action)  # [element, value] -> value
+        self.first_element = len(SPECIALS) + len(VARIABLES)
+        self.first_value = self.first_element + len(self.group.elements)
+        self.vocab = SPECIALS + VARIABLES + list(self.group.elements) + list(self.group.values)
+
+    @property
+    def d_vocab(self) -> int:
+        return len(self.vocab)
+
+    @property
+    def d_vocab_out(self) -> int:
+        return len(self.group.values)
+
+    @property
+    def n_ctx(self) -> int:
+        return CLAUSE_LEN * self.cfg.n_vars + 2
+
+    @property
+    def label_names(self) -> list[str]:
+        return [f"#{i}" for i in range(self.cfg.n_vars)]
+
+    def sample(self, n: int, gen: torch.Generator, split: str = "train") -> Batch:
+        """`n` fresh sentences. LEGO has no split of its own: train and test differ by seed."""
+        del split
+        cfg, n_elements, n_values = self.cfg, len(self.group.elements), len(self.group.values)
+        latents = {
+            "variables": torch.rand(n, len(VARIABLES), generator=gen).argsort(-1)[:, : cfg.n_vars],
+            "elements": torch.randint(n_elements, (n, cfg.n_vars), generator=gen),
+            "root": torch.randint(n_values, (n,), generator=gen),
+            "order_keys": torch.rand(n, cfg.n_vars, generator=gen),
+            "length": self._draw_lengths(n, gen),
+        }
+        return self.build(latents)
+
+    def _draw_lengths(self, n: int, gen: torch.Generator) -> Int[Tensor, " batch"]:
+        low = self.cfg.min_vars or self.cfg.n_vars
+        return torch.randint(low, self.cfg.n_vars + 1, (n,), generator=gen)
+
+    def chain_values(self, elements: Int[Tensor, "batch var"], root: Int[Tensor, " batch"]) -> Int[Tensor, "batch var"]:
+        """Each variable's value: apply the chain's group elements one after another."""
+        values, current = [], root
+        for i in range(elements.shape[1]):  # a loop over chain depth, vectorised over the batch
+            current = self.action[elements[:, i], current]
+            values.append(current)
+        return torch.stack(values, dim=1)
+
+    def build(self, latents: dict[str, Tensor]) -> Batch:
+        """Tokens, labels and label positions of the sentences these latents describe."""
+        n, n_vars = latents["elements"].shape
+        length = latents["length"]
+        present = torch.arange(n_vars).unsqueeze(0) < length.unsqueeze(1)  # [batch, var]
+        # absent clauses get key 2 > any rand key, so they sort into the slots after the real ones
+        clause_of_slot = latents["order_keys"].masked_fill(~present, 2.0).argsort(-1)
+        slot_of_clause = clause_of_slot.argsort(-1)
+        clauses = self._clause_tokens(latents).masked_fill(~present.unsqueeze(-1), PAD)
+        slots = clauses.gather(1, clause_of_slot.unsqueeze(-1).expand(-1, -1, CLAUSE_LEN))
+        tokens = torch.cat([torch.full((n, 1), BOS), slots.flatten(1), torch.full((n, 1), PAD)], dim=1)
+        tokens.scatter_(1, (1 + CLAUSE_LEN * length).unsqueeze(1), EOS)
+        labels = self.chain_values(latents["elements"], latents["root"])
+        label_pos = torch.where(present, 1 + CLAUSE_LEN * slot_of_clause, 0)
+        depth = torch.where(present.gather(1, clause_of_slot), clause_of_slot, -1)
+        latents = {**latents, "depth": self._depth_per_position(depth)}
+        return Batch(tokens, labels, label_pos, present, self._loss_mask(present, length), latents)
+
+    def _clause_tokens(self, latents: dict[str, Tensor]) -> Int[Tensor, "batch var 5"]:
+        variables = latents["variables"] + len(SPECIALS)
+        root = (latents["root"] + self.first_value).unsqueeze(1)
+        rhs = torch.cat([root, variables[:, :-1]], dim=1)  # #0 reads the root, #i reads #i-1
+        n, n_vars = variables.shape
+        return torch.stack(
+            [variables, torch.full((n, n_vars), EQUALS), latents["elements"] + self.first_element, rhs,
+             torch.full((n, n_vars), SEMI)],
+            dim=-1,
+        )
+
+    @staticmethod
+    def _depth_per_position(depth_of_slot: Int[Tensor, "batch var"]) -> Int[Tensor, "batch pos"]:
+        """Chain depth of the clause each token belongs to; -1 for BOS, EOS and padding."""
+        edge = torch.full((depth_of_slot.shape[0], 1), -1)
+        return torch.cat([edge, depth_of_slot.repeat_interleave(CLAUSE_LEN, dim=1), edge], dim=1)
+
+    def _loss_mask(self, present: Bool[Tensor, "batch var"], length: Int[Tensor, " batch"]) -> Bool[Tensor, "batch var"]:
+        index = torch.arange(present.shape[1]).unsqueeze(0)
+        if self.cfg.supervision == "all":
+            return present
+        first = index < self.cfg.n_supervised
+        if self.cfg.supervision == "first":
+            return present & first
+        return present & (first | (index == (length - 1).unsqueeze(1)))
+
+    def corrupt(self, batch: Batch, gen: torch.Generator, depth: int = 0) -> tuple[Batch, Bool[Tensor, "batch var"]]:
+        """Change the group element of the clause at chain depth `depth` so that its variable's
+        value changes; every variable from that depth on changes too (group actions are
+        bijections). Returns the twin and which labels changed."""
+        if not 0 <= depth < self.cfg.n_vars:
+            raise ValueError(f"depth={depth} is outside 0..n_vars-1={self.cfg.n_vars - 1}")
+        latents = dict(batch.latents)
+        elements = latents["elements"].clone()
+        incoming = latents["root"] if depth == 0 else batch.labels[:, depth - 1]
+        outgoing = batch.labels[:, depth]
+        differs = self.action[:, incoming].T != outgoing.unsqueeze(1)  # [batch, element]
+        elements[:, depth] = uniform_choice(differs, gen)
+        latents["elements"] = elements
+        twin = self.build(latents)
+        return twin, (twin.labels != batch.labels) & batch.label_mask
+
+    def decode(self, tokens: Int[Tensor, "batch pos"] | Int[Tensor, " pos"]) -> list[str] | str:
+        """Readable text: `[BOS] a = + 1 ; b = - a ; [EOS]` (padding dropped)."""
+        if tokens.dim() == 2:
+            return [self.decode(row) for row in tokens]
+        return " ".join(self.vocab[t] for t in tokens.tolist() if t != PAD)
+
+    def token_strings(self, tokens: Int[Tensor, " pos"]) -> list[str]:
+        """One string per position (padding included), for attention views."""
+        return [self.vocab[t] for t in tokens.tolist()]
+
+    def accuracy(self, batch: Batch, predictions: Int[Tensor, "batch var"]) -> dict[str, object]:
+        """Per-variable test accuracy in chain order, and the means over (un)supervised ones."""
+        correct = (predictions == batch.labels) & batch.label_mask
+        counts = batch.label_mask.sum(0).clamp(min=1)
+        per_var = (correct.sum(0) / counts).tolist()
+        supervised = self._loss_mask(batch.label_mask, batch.latents["length"]).any(0).tolist()
+        sup = [a for a, s in zip(per_var, supervised) if s]
+        unsup = [a for a, s in zip(per_var, supervised) if not s]
+        return {
+            "acc_per_var": [round(a, 4) for a in per_var],
+            "acc_supervised": round(sum(sup) / len(sup), 4) if sup else None,
+            "acc_unsupervised": round(sum(unsup) / len(unsup), 4) if unsup else None,
+        }
