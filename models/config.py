@@ -92,8 +92,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr}: need 0 <= min_lr <= lr and lr > 0")
-        if not 0 <= self.warmup_steps <= self.steps:
-            raise ConfigError(f"train.warmup_steps={self.warmup_steps} is outside 0..steps={self.steps}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"train.warmup_steps={self.warmup_steps} must be >= 0")
         if self.weight_decay < 0:
             raise ConfigError(f"train.weight_decay={self.weight_decay} must be >= 0")
         if self.grad_clip is not None and self.grad_clip <= 0:

@@ -19,9 +19,6 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-# TransformerLens 3.x warns on every construction that HookedTransformer moves to TransformerBridge
-# in 4.0; we pin <4 on purpose (DESIGN.md), so the warning carries no news for our users.
-warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
 
 
 def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch.device = "cpu") -> HookedTransformer:
@@ -36,7 +33,10 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
         act_fn=cfg.act_fn, normalization_type=cfg.normalization,
         attention_dir="causal" if task.causal else "bidirectional", default_prepend_bos=False,
     )
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # TL 3.x warns on every construction that 4.0 replaces HookedTransformer; we pin <4 on
+        # purpose (DESIGN.md), so the warning carries no news for our users
+        warnings.simplefilter("ignore", DeprecationWarning)
         torch.manual_seed(seed)
         model = HookedTransformer(tl_cfg)
         if cfg.init_gamma is not None:

@@ -76,7 +76,7 @@ class LoadedRun:
 
 def load_run(run_dir: str | Path, device: str = "cpu") -> LoadedRun:
     """Rebuild the model of a run folder and load its weights."""
-    from models.factory import build_model, unique_parameters
+    from models.factory import build_model
 
     run_dir = Path(run_dir)
     if not (run_dir / WEIGHTS).exists():

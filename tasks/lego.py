@@ -113,20 +113,20 @@ class LegoTask:
         return [f"#{i}" for i in range(self.cfg.n_vars)]
 
     def sample(self, n: int, gen: torch.Generator, split: str = "train") -> Batch:
-        """`n` fresh sentences. LEGO has no split of its own: train and test differ by seed."""
-        del split
+        """`n` fresh sentences. Train and test differ by seed; with `min_vars` set, training
+        draws a mixture of chain lengths while the test split is always full length."""
         cfg, n_elements, n_values = self.cfg, len(self.group.elements), len(self.group.values)
         latents = {
             "variables": torch.rand(n, len(VARIABLES), generator=gen).argsort(-1)[:, : cfg.n_vars],
             "elements": torch.randint(n_elements, (n, cfg.n_vars), generator=gen),
             "root": torch.randint(n_values, (n,), generator=gen),
             "order_keys": torch.rand(n, cfg.n_vars, generator=gen),
-            "length": self._draw_lengths(n, gen),
+            "length": self._draw_lengths(n, gen, full=split == "test"),
         }
         return self.build(latents)
 
-    def _draw_lengths(self, n: int, gen: torch.Generator) -> Int[Tensor, " batch"]:
-        low = self.cfg.min_vars or self.cfg.n_vars
+    def _draw_lengths(self, n: int, gen: torch.Generator, full: bool) -> Int[Tensor, " batch"]:
+        low = self.cfg.n_vars if full else self.cfg.min_vars or self.cfg.n_vars
         return torch.randint(low, self.cfg.n_vars + 1, (n,), generator=gen)
 
     def chain_values(self, elements: Int[Tensor, "batch var"], root: Int[Tensor, " batch"]) -> Int[Tensor, "batch var"]:
@@ -191,7 +191,7 @@ class LegoTask:
         elements = latents["elements"].clone()
         incoming = latents["root"] if depth == 0 else batch.labels[:, depth - 1]
         outgoing = batch.labels[:, depth]
-        differs = self.action[:, incoming].T != outgoing.unsqueeze(1)  # [batch, element]
+        differs = outgoing.unsqueeze(1) != self.action[:, incoming].T  # [batch, element]
         elements[:, depth] = uniform_choice(differs, gen)
         latents["elements"] = elements
         twin = self.build(latents)

@@ -1,0 +1,164 @@
+"""The `workbench` command line. Exit status: 0 done, 2 bad configuration or arguments (nothing
+written), 3 training diverged (recorded in the run's metrics.jsonl)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from tasks import ConfigError
+
+EXIT_CONFIG, EXIT_DIVERGED = 2, 3
+DEFAULT_PRESET = {"lego": "lego-cpu", "composite": "composite-cpu"}
+_DESCRIPTION = ("Train small transformers on synthetic reasoning tasks and look inside them. "
+                "Exit status: 0 done, 2 bad configuration (nothing written), 3 training diverged.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_CONFIG
+    try:
+        return args.run(args)
+    except ConfigError as err:
+        print(f"workbench: configuration error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description=_DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = sub.add_parser("train", help="train one model into a run folder", description=_TRAIN_HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("--task", choices=sorted(DEFAULT_PRESET), help="task (default: the preset's)")
+    train.add_argument("--preset", help="named configuration (default: <task>-cpu); see `workbench presets`")
+    train.add_argument("--out", required=True, type=Path, help="run folder to write")
+    _add_run_options(train)
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument("--report", action="store_true", help="also write report.html when training ends")
+    train.set_defaults(run=_cmd_train)
+
+    demo = sub.add_parser("demo", help="train the lego-cpu model and write its report (the quick start)")
+    demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="run folder (default: runs/demo)")
+    _add_run_options(demo)
+    demo.set_defaults(run=_cmd_demo)
+
+    report = sub.add_parser("report", help="(re)write report.html of a trained run")
+    report.add_argument("run_dir", type=Path)
+    report.set_defaults(run=_cmd_report)
+
+    presets = sub.add_parser("presets", help="list the presets with their configurations")
+    presets.set_defaults(run=_cmd_presets)
+
+    bench = sub.add_parser("benchmark", help="task generation rate, training throughput and FLOP/s vs a matmul peak")
+    bench.add_argument("--quick", action="store_true", help="shorter measurements (for tests)")
+    bench.set_defaults(run=_cmd_benchmark)
+    return parser
+
+
+_TRAIN_HELP = """Train one model into a run folder (config.json, model.safetensors, train_state.safetensors,
+metrics.jsonl). Examples:
+  workbench train --task lego --preset lego-cpu --out runs/lego1
+  workbench train --preset composite-cpu --out runs/c1 --set model.init_gamma=0.3 --set train.seed=1
+  workbench train --out runs/lego1 --resume        # continue a killed run"""
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value, e.g. --set model.tie_layers=true (repeatable)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default: the config's (auto = CUDA when present)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _resolve_config(args: argparse.Namespace, preset: str | None, task: str | None):
+    from models.presets import get_preset
+
+    name = preset or DEFAULT_PRESET[task or "lego"]
+    cfg = get_preset(name)
+    if task and cfg.task.name != task:
+        raise ConfigError(f"--preset {name} is a {cfg.task.name} preset but --task is {task}")
+    overrides = list(args.overrides) + ([f"train.device={json.dumps(args.device)}"] if args.device else [])
+    return cfg.with_overrides(overrides)
+
+
+def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
+    from models.train import Trainer, TrainingDiverged
+
+    try:
+        result = Trainer(cfg, out, resume=resume, progress=progress).fit()
+    except TrainingDiverged as err:
+        print(f"workbench: training diverged: {err}", file=sys.stderr)
+        return EXIT_DIVERGED
+    summary = {k: v for k, v in result.final.items() if k not in ("acc_per_pair",)}
+    print(f"trained {result.steps} steps in {result.seconds:.1f} s -> {out}\n{json.dumps(summary)}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from models.runs import CONFIG, TRAIN_STATE, read_config
+
+    if args.resume:
+        if not (args.out / TRAIN_STATE).exists():
+            raise ConfigError(f"--resume: {args.out} has no {TRAIN_STATE}; there is nothing to resume")
+        if args.preset or args.task or args.overrides:
+            raise ConfigError("--resume continues the stored config.json; drop --preset/--task/--set")
+        cfg = read_config(args.out)
+    else:
+        cfg = _resolve_config(args, args.preset, args.task)
+        if (args.out / CONFIG).exists():
+            raise ConfigError(f"--out {args.out} already holds a run; use --resume to continue it or choose another folder")
+    status = _train(cfg, args.out, args.resume, progress=not args.no_progress)
+    if status == 0 and args.report:
+        _cmd_report(argparse.Namespace(run_dir=args.out))
+    return status
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import shutil
+
+    cfg = _resolve_config(args, "lego-cpu", "lego")
+    started = time.perf_counter()
+    if args.out.exists():  # the demo always starts fresh, but deletes only a run folder
+        if any(args.out.iterdir()) and not (args.out / "config.json").exists():
+            raise ConfigError(f"--out {args.out} exists and is not a run folder; choose another --out")
+        shutil.rmtree(args.out)
+    status = _train(cfg, args.out, resume=False, progress=not args.no_progress)
+    if status == 0:
+        _cmd_report(argparse.Namespace(run_dir=args.out))
+        print(f"demo finished in {time.perf_counter() - started:.0f} s; open {args.out / 'report.html'} in a browser")
+    return status
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from interp.run_report import write_run_report
+    from models.runs import load_run
+
+    path = write_run_report(load_run(args.run_dir))
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from models.presets import PRESETS
+
+    for name, make in PRESETS.items():
+        print(f"== {name}: {(make.__doc__ or '').strip().splitlines()[0]}")
+        print(make().to_json())
+    return 0
+
+
+def _cmd_benchmark(args: argparse.Namespace) -> int:
+    from analyses.benchmark import run_benchmarks
+
+    run_benchmarks(quick=args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

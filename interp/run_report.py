@@ -1,0 +1,73 @@
+"""The report of one trained run: configuration, training curves and every head's attention on
+a few decoded test examples. Later analyses append their own sections."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from interp import plots
+from interp.attention import attention_patterns
+from interp.report import Report, figure_html, table_html
+from models.runs import LoadedRun
+from tasks import seeded_generator
+
+REPORT = "report.html"
+
+
+def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345) -> Report:
+    report = Report(f"interp-workbench run: {run.path.name}")
+    report.add("Summary", _summary_html(run))
+    report.add("Configuration", f"<pre>{html.escape(run.config.to_json())}</pre>")
+    report.add("Training curves", _curves_html(run))
+    report.add("Attention patterns", _attention_html(report, run, n_examples, seed))
+    return report
+
+
+def write_run_report(run: LoadedRun, path: str | Path | None = None, **kwargs) -> Path:
+    return build_run_report(run, **kwargs).write(path or run.path / REPORT)
+
+
+def _summary_html(run: LoadedRun) -> str:
+    final = next((m for m in reversed(run.metrics) if "eval_loss" in m), None)
+    if final is None:
+        return "<p>No evaluation was recorded.</p>"
+    rows = [[k, json.dumps(v)] for k, v in final.items()]
+    return f"<p>Final evaluation on held-out data (step {final['step']}):</p>" + table_html(rows, ["metric", "value"])
+
+
+def _curves_html(run: LoadedRun) -> str:
+    if run.config.task.name == "lego":
+        supervised = run.task.sample(1, seeded_generator(0)).loss_mask[0].tolist()
+        if run.config.task.supervision == "first+last":
+            supervised[-1] = True
+        return figure_html(plots.lego_curves(run.metrics, supervised), "Solid: supervised variables; dashed: not supervised (extrapolation).")
+    return figure_html(plots.composite_curves(run.metrics), "Seen-pair accuracy on test keys, and the answers on the held-out pair.")
+
+
+def _attention_html(report: Report, run: LoadedRun, n_examples: int, seed: int) -> str:
+    batch = run.task.sample(n_examples, seeded_generator(seed), split="test")
+    device = next(run.model.parameters()).device
+    patterns = attention_patterns(run.model, batch.tokens.to(device))  # [layer, batch, head, q, k]
+    heads = [f"L{{}}H{h}" for h in range(run.model.cfg.n_heads)]
+    parts = []
+    for i in range(n_examples):
+        strings = run.task.token_strings(batch.tokens[i])
+        keep = _visible_length(strings)
+        parts.append(f"<p class='example'>Example {i + 1}: {html.escape(' '.join(strings[:keep]))}</p>")
+        for layer in range(run.model.cfg.n_layers):
+            names = [h.format(layer) for h in heads]
+            pattern = patterns[layer, i, :, :keep, :keep]
+            parts.append(f"<div>Layer {layer}</div>" + report.attention_widget(strings[:keep], pattern, names, run.task.causal))
+    return "".join(parts)
+
+
+def _visible_length(strings: list[str]) -> int:
+    """Positions up to the last non-padding token."""
+    keep = len(strings)
+    while keep > 1 and strings[keep - 1] == "[PAD]":
+        keep -= 1
+    return keep
+
+

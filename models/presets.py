@@ -1,0 +1,62 @@
+"""Named run configurations: `*-cpu` presets learn on 2 CPU cores in minutes; `*-paper` presets
+follow the papers' recipes (PAPERS.md) and want a GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from models.config import ModelConfig, RunConfig, TrainConfig
+from tasks import CompositeConfig, ConfigError, LegoConfig
+
+
+def lego_cpu() -> RunConfig:
+    """n=6 variables, #0-#2 supervised; settings from the recipe search in analyses/RESULTS.md."""
+    return RunConfig(
+        task=LegoConfig(n_vars=6, supervision="first", n_supervised=3),
+        model=ModelConfig(n_layers=4, d_model=64, n_heads=4),
+        train=TrainConfig(steps=3000, batch_size=128, lr=1e-3, warmup_steps=100, eval_every=250, checkpoint_every=500),
+    )
+
+
+def lego_paper() -> RunConfig:
+    """BERT-base on n=12, #0-#5 supervised: 120,000 sentences, batch 1000, 200 epochs, lr 5e-5."""
+    return RunConfig(
+        task=LegoConfig(n_vars=12, supervision="first", n_supervised=6),
+        model=ModelConfig(n_layers=12, d_model=768, n_heads=12, d_mlp=3072),
+        train=TrainConfig(steps=24_000, batch_size=1000, lr=5e-5, min_lr=0.0, warmup_steps=0, weight_decay=0.0,
+                          grad_clip=None, n_train=120_000, eval_every=600, eval_size=12_000, checkpoint_every=1200),
+    )
+
+
+def composite_cpu() -> RunConfig:
+    """2 layers, one head, small init (gamma 0.8): learns the seen pairs in about a minute."""
+    return RunConfig(
+        task=CompositeConfig(),
+        model=ModelConfig(n_layers=2, d_model=128, n_heads=1, d_head=64, d_mlp=384, init_gamma=0.8),
+        train=TrainConfig(steps=1500, batch_size=256, lr=1e-3, warmup_steps=100, eval_every=100, checkpoint_every=500),
+    )
+
+
+def composite_paper() -> RunConfig:
+    """d_model 400, one head (d_k 200), FFN 1200; 900,000 samples, batch 2048, AdamW 2.5e-4 after
+    a 10-epoch warm-up, cosine to 1e-5 over 200 epochs, weight decay 0.01, clip 1. Pre-LN (the
+    paper's model is post-LN, which TransformerLens does not offer)."""
+    steps_per_epoch = 900_000 // 2048
+    return RunConfig(
+        task=CompositeConfig(),
+        model=ModelConfig(n_layers=2, d_model=400, n_heads=1, d_head=200, d_mlp=1200, init_gamma=0.5),
+        train=TrainConfig(steps=200 * steps_per_epoch, batch_size=2048, lr=2.5e-4, min_lr=1e-5,
+                          warmup_steps=10 * steps_per_epoch, weight_decay=0.01, grad_clip=1.0, n_train=900_000,
+                          eval_every=steps_per_epoch, eval_size=10_000, checkpoint_every=5 * steps_per_epoch),
+    )
+
+
+PRESETS: dict[str, Callable[[], RunConfig]] = {
+    "lego-cpu": lego_cpu, "lego-paper": lego_paper, "composite-cpu": composite_cpu, "composite-paper": composite_paper,
+}
+
+
+def get_preset(name: str) -> RunConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"preset {name!r} is unknown; use one of {sorted(PRESETS)}")
+    return PRESETS[name]()

@@ -1,0 +1,24 @@
+"""Shared fixtures. jaxtyping annotations of the workbench are checked at runtime by beartype in
+the tests (the import hook must run before the packages are imported)."""
+
+from jaxtyping import install_import_hook
+
+with install_import_hook(["tasks", "models", "interp"], "beartype.beartype"):
+    import interp.attention  # noqa: F401
+    import interp.report  # noqa: F401
+    import models.factory  # noqa: F401
+    import models.train  # noqa: F401
+    import tasks  # noqa: F401
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tasks import seeded_generator  # noqa: E402
+
+# test models are tiny: one thread is faster than two, and immune to a busy second core
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def gen():
+    return seeded_generator(1234)

@@ -1,0 +1,46 @@
+"""Builders shared by the tests: tiny configurations that train in seconds."""
+
+from __future__ import annotations
+
+from models.config import ModelConfig, RunConfig, TrainConfig
+from tasks import CompositeConfig, LegoConfig
+
+TINY_MODEL = ModelConfig(n_layers=2, d_model=32, n_heads=2, d_mlp=64)
+
+
+def tiny_lego_run(steps: int = 20, **train) -> RunConfig:
+    return RunConfig(
+        task=LegoConfig(n_vars=4, n_supervised=2),
+        model=TINY_MODEL,
+        train=TrainConfig(**{"steps": steps, "batch_size": 16, "warmup_steps": 2, "eval_every": 5,
+                             "eval_size": 64, "checkpoint_every": 10, **train}),
+    )
+
+
+def tiny_composite_run(steps: int = 20, **train) -> RunConfig:
+    return RunConfig(
+        task=CompositeConfig(),
+        model=ModelConfig(n_layers=2, d_model=32, n_heads=1, d_mlp=64, init_gamma=0.5),
+        train=TrainConfig(**{"steps": steps, "batch_size": 16, "warmup_steps": 2, "eval_every": 5,
+                             "eval_size": 64, "checkpoint_every": 10, **train}),
+    )
+
+
+def lego_reference_values(text: str) -> dict[str, str]:
+    """Solve a decoded LEGO sentence the slow, obvious way: substitute until every variable is known."""
+    clauses = [c.split() for c in text.replace("[BOS]", "").replace("[EOS]", "").split(";") if c.strip()]
+    known: dict[str, str] = {}
+    while len(known) < len(clauses):
+        for lhs, _, g, rhs in clauses:
+            value = rhs if rhs[-1].isdigit() else known.get(rhs)
+            if lhs not in known and value is not None:
+                known[lhs] = apply_element(g, value)
+    return known
+
+
+def apply_element(g: str, value: str) -> str:
+    if g in "+-":
+        return value if g == "+" else str(-int(value))
+    cycles = {"id": {}, "(12)": {1: 2, 2: 1}, "(13)": {1: 3, 3: 1}, "(23)": {2: 3, 3: 2},
+              "(123)": {1: 2, 2: 3, 3: 1}, "(132)": {1: 3, 3: 2, 2: 1}}[g]
+    return str(cycles.get(int(value), int(value)))

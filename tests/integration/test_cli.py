@@ -1,0 +1,74 @@
+"""The `workbench` command as a user types it (called in-process through `main`)."""
+
+import json
+import re
+
+import pytest
+
+from analyses.cli import main
+from models.runs import read_metrics
+
+TINY = ["--set", "model.n_layers=2", "--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12",
+        "--set", "train.batch_size=16", "--set", "train.eval_every=6", "--set", "train.eval_size=64",
+        "--set", "train.warmup_steps=2", "--no-progress"]
+
+
+def test_train_writes_the_run_folder_and_report(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--task", "lego", "--out", str(out), "--report", *TINY, "--set", "model.n_heads=2"]) == 0
+    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "train_state.safetensors",
+                                               "metrics.jsonl", "report.html"}
+    assert [m["step"] for m in read_metrics(out)] == [6, 12]
+    assert "trained 12 steps" in capsys.readouterr().out
+
+
+def test_report_is_offline_and_inlines_the_bundle_once(tmp_path):
+    out = tmp_path / "run"
+    main(["train", "--preset", "composite-cpu", "--out", str(out), "--report", *TINY])
+    page = (out / "report.html").read_text()
+    assert "unpkg.com" not in page and "cdn.jsdelivr" not in page and "<script src" not in page
+    assert page.count("var CircuitsVis") == 1
+    assert page.count("CircuitsVis.AttentionHeads") == 2 * 2  # 2 examples x 2 layers
+    assert len(re.findall(r"data:image/png;base64,", page)) == 1
+    assert (out / "report.html").stat().st_size < 3_000_000
+
+
+def test_bad_config_exits_2_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--task", "lego", "--out", str(out), "--set", "task.n_vars=30"]) == 2
+    assert not out.exists()
+    assert "n_vars=30" in capsys.readouterr().err
+    assert main(["train", "--preset", "nope", "--out", str(out)]) == 2
+    assert main(["train", "--task", "composite", "--preset", "lego-cpu", "--out", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_existing_run_needs_resume_and_resume_needs_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--task", "lego", "--out", str(out), *TINY]) == 0
+    assert main(["train", "--task", "lego", "--out", str(out), *TINY]) == 2
+    assert main(["train", "--out", str(tmp_path / "empty"), "--resume"]) == 2
+    assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0  # already finished: nothing to do
+
+
+def test_divergence_exits_3_and_is_recorded(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--task", "lego", "--out", str(out), *TINY, "--set", "train.lr=1e30",
+                 "--set", "train.grad_clip=null", "--set", "train.warmup_steps=0"])
+    assert code == 3
+    assert "diverged" in capsys.readouterr().err
+    assert read_metrics(out)[-1]["diverged"] is True
+
+
+def test_help_for_every_command(capsys):
+    for command in ["train", "demo", "report", "presets", "benchmark"]:
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0
+    assert "--resume" in capsys.readouterr().out
+
+
+def test_presets_lists_valid_json(capsys):
+    assert main(["presets"]) == 0
+    blocks = re.split(r"^== .*$", capsys.readouterr().out, flags=re.M)[1:]
+    assert len(blocks) == 4 and all(json.loads(b)["task"]["name"] for b in blocks)

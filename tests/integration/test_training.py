@@ -1,0 +1,78 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from models.runs import load_run, read_metrics
+from models.train import Trainer, TrainingDiverged, learning_rate
+from tests.helpers import tiny_composite_run, tiny_lego_run
+
+
+def without_time(records):
+    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in records]
+
+
+def test_same_seed_same_metrics_other_seed_other_metrics(tmp_path):
+    for name, seed in [("a", 0), ("b", 0), ("c", 1)]:
+        Trainer(tiny_lego_run(steps=15, seed=seed), tmp_path / name, progress=False).fit()
+    a, b, c = (without_time(read_metrics(tmp_path / n)) for n in "abc")
+    assert a == b and a != c
+    assert [r["step"] for r in a] == [5, 10, 15]
+
+
+class Killed(Exception):
+    pass
+
+
+def tiny_tied_stochastic_run(steps, n_train):
+    return tiny_lego_run(steps=steps, n_train=64).with_overrides(
+        ["model.tie_layers=true", "model.n_layers=3", "model.min_depth=1"])
+
+
+@pytest.mark.parametrize("make_cfg", [tiny_lego_run, tiny_composite_run, tiny_tied_stochastic_run])
+def test_resume_after_a_kill_ends_with_the_weights_of_an_uninterrupted_run(tmp_path, make_cfg, monkeypatch):
+    cfg = make_cfg(steps=30, n_train=None)
+    Trainer(cfg, tmp_path / "whole", progress=False).fit()
+
+    killed = Trainer(cfg, tmp_path / "killed", progress=False)
+    original = killed._train_step
+
+    def dying_step(batch):
+        if killed.step == 15:  # after the checkpoint at step 10 and an evaluation at 15
+            raise Killed
+        return original(batch)
+
+    monkeypatch.setattr(killed, "_train_step", dying_step)
+    with pytest.raises(Killed):
+        killed.fit()
+    Trainer(cfg, tmp_path / "killed", resume=True, progress=False).fit()
+
+    whole, resumed = load_file(str(tmp_path / "whole/model.safetensors")), load_file(str(tmp_path / "killed/model.safetensors"))
+    assert whole.keys() == resumed.keys()
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert without_time(read_metrics(tmp_path / "whole")) == without_time(read_metrics(tmp_path / "killed"))
+
+
+def test_a_nan_loss_stops_the_run_and_records_it(tmp_path):
+    cfg = tiny_lego_run(steps=50, lr=1e30, grad_clip=None, warmup_steps=0, weight_decay=0.0)
+    with pytest.raises(TrainingDiverged, match="(?i)lower train.lr"):
+        Trainer(cfg, tmp_path / "run", progress=False).fit()
+    last = read_metrics(tmp_path / "run")[-1]
+    assert last["diverged"] is True and last["step"] < 50
+
+
+def test_loaded_run_reproduces_its_recorded_accuracy(tmp_path):
+    Trainer(tiny_composite_run(steps=10), tmp_path / "run", progress=False).fit()
+    run = load_run(tmp_path / "run")
+    assert json.loads((tmp_path / "run/config.json").read_text())["versions"]["torch"].startswith("2.")
+    trainer = Trainer(run.config, tmp_path / "other", progress=False)
+    trainer.model, trainer.run_dir = run.model, tmp_path / "run"
+    assert trainer._evaluate()["acc_seen"] == run.metrics[-1]["acc_seen"]
+
+
+def test_learning_rate_warms_up_then_decays_to_min_lr():
+    cfg = tiny_lego_run(steps=100, lr=1e-3, min_lr=1e-5, warmup_steps=10).train
+    rates = [learning_rate(s, cfg) for s in range(101)]
+    assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(rates[10:], rates[11:])) and rates[100] == pytest.approx(1e-5)

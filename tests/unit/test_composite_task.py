@@ -1,0 +1,74 @@
+import pytest
+import torch
+
+from tasks import CompositeConfig, CompositeTask, ConfigError
+
+SHIFT = {1: 5, 2: 1, 3: -2, 4: -8}
+
+
+def reference_target(tokens: list[int]) -> tuple[int, tuple[int, int], int]:
+    """Find the one adjacent anchor pair and the key before it; compose the shifts."""
+    starts = [p for p in range(1, len(tokens) - 1) if tokens[p] in SHIFT and tokens[p + 1] in SHIFT]
+    assert len(starts) == 1 and sum(t in SHIFT for t in tokens) == 2
+    p = starts[0]
+    return tokens[p - 1], (tokens[p], tokens[p + 1]), p - 1
+
+
+def test_targets_compose_the_shifts_with_the_34_override(gen):
+    task = CompositeTask(CompositeConfig())
+    batch = task.sample(500, gen)
+    for row, label in zip(batch.tokens.tolist(), batch.labels[:, 0].tolist()):
+        key, pair, _ = reference_target(row)
+        assert label == (key - 6 if pair == (3, 4) else key + SHIFT[pair[0]] + SHIFT[pair[1]])
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_key_position_split(split, gen):
+    batch = CompositeTask(CompositeConfig()).sample(500, gen, split=split)
+    for row in batch.tokens.tolist():
+        key, _, pos = reference_target(row)
+        assert (key % 7 == pos) == (split == "test")
+        assert all(20 <= t <= 99 for t in row if t not in SHIFT)
+
+
+def test_held_out_pair_only_at_test_with_both_candidate_targets(gen):
+    task = CompositeTask(CompositeConfig())
+    held = task.pairs.index((4, 3))
+    assert not (task.sample(2000, gen, "train").latents["pair"] == held).any()
+    batch = task.sample(2000, gen, "test")
+    rows = batch.latents["pair"] == held
+    assert rows.any() and torch.equal(batch.latents["held_out"], rows)
+    key = batch.latents["key"][rows]
+    assert torch.equal(batch.latents["inferential"][rows], key - 10)
+    assert torch.equal(batch.latents["symmetric"][rows], key - 6)
+    assert not batch.loss_mask[rows].any()
+
+
+@pytest.mark.parametrize("change", ["key", "anchor1", "anchor2"])
+def test_corrupt_changes_what_it_says(change, gen):
+    task = CompositeTask(CompositeConfig())
+    batch = task.sample(300, gen)
+    twin, changed = task.corrupt(batch, gen, change=change)
+    assert torch.equal(changed, twin.labels != batch.labels)
+    assert changed.float().mean() > 0.9
+    if change == "key":
+        assert torch.equal(twin.latents["pair"], batch.latents["pair"])
+    assert not twin.latents["held_out"].any()
+
+
+def test_accuracy_reports_held_out_rates(gen):
+    task = CompositeTask(CompositeConfig())
+    batch = task.sample(1000, gen, "test")
+    symmetric_model = torch.where(batch.latents["held_out"], batch.latents["symmetric"], batch.labels[:, 0])
+    report = task.accuracy(batch, symmetric_model.unsqueeze(1))
+    assert report["acc_seen"] == 1.0 and report["held_out_symmetric"] == 1.0 and report["held_out_inferential"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"held_out": ["5,1"]}, "'5,1' is not among the anchors"), ({"overrides": {"34": -6}}, "not of the form"),
+     ({"value_min": 3}, "value_min=3")],
+)
+def test_bad_configs_name_the_value(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        CompositeConfig(**kwargs)

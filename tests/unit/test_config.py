@@ -1,0 +1,50 @@
+import json
+
+import pytest
+
+from models.config import ModelConfig, RunConfig, TrainConfig
+from models.presets import PRESETS, get_preset
+from tasks import CompositeConfig, ConfigError, LegoConfig
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_round_trips_through_json(name):
+    cfg = get_preset(name)
+    assert RunConfig.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+def test_overrides_parse_values_and_keep_types():
+    cfg = get_preset("lego-cpu").with_overrides(["model.tie_layers=true", "train.lr=3e-3", "task.n_vars=8",
+                                                  "model.init_gamma=null", "train.steps=10"])
+    assert cfg.model.tie_layers is True and cfg.train.lr == 3e-3 and cfg.task.n_vars == 8
+    assert get_preset("composite-cpu").with_overrides(["task.held_out=[\"4,3\",\"3,4\"]"]).task.held_out == ["4,3", "3,4"]
+    assert get_preset("lego-cpu").with_overrides(["train.lr=1"]).train.lr == 1.0
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [("task.n_vars=30", "n_vars=30"), ("model.init_gamma=0", "init_gamma=0"), ("model.init_gamma=-1", "init_gamma=-1"),
+     ("model.n_layers=0", "n_layers=0"), ("train.lr=abc", "train.lr='abc'"), ("model.nope=1", "no field 'nope'"),
+     ("nope.x=1", "section.key=value"), ("train.warmup_steps=-1", "warmup_steps=-1"),
+     ("model.min_depth=9", "min_depth=9"), ("train.device=tpu", "device='tpu'")],
+)
+def test_bad_values_are_rejected_naming_the_value(assignment, message):
+    with pytest.raises(ConfigError, match=message):
+        get_preset("lego-cpu").with_overrides([assignment])
+
+
+def test_unknown_preset_and_task():
+    with pytest.raises(ConfigError, match="preset 'nope' is unknown"):
+        get_preset("nope")
+    with pytest.raises(ConfigError, match="task.name='maze'"):
+        RunConfig.from_dict({"task": {"name": "maze"}})
+
+
+def test_held_out_pair_must_be_an_anchor_pair():
+    with pytest.raises(ConfigError, match="'4,7'"):
+        RunConfig.from_dict({"task": {"name": "composite", "held_out": ["4,7"]}})
+
+
+def test_defaults_are_valid():
+    RunConfig(task=LegoConfig(), model=ModelConfig(), train=TrainConfig())
+    RunConfig(task=CompositeConfig())

@@ -1,0 +1,102 @@
+import pytest
+import torch
+
+from tasks import ConfigError, LegoConfig, LegoTask, seeded_generator
+from tasks.lego import EOS, PAD
+from tests.helpers import lego_reference_values
+
+
+@pytest.mark.parametrize("group", ["z2", "s3"])
+def test_labels_are_the_values_a_reference_solver_reads_off_the_text(group, gen):
+    task = LegoTask(LegoConfig(group=group, n_vars=8))
+    batch = task.sample(200, gen)
+    for i in range(len(batch)):
+        solved = lego_reference_values(task.decode(batch.tokens[i]))
+        for depth in range(8):
+            variable = task.vocab[batch.tokens[i, batch.label_pos[i, depth]]]
+            assert solved[variable] == task.group.values[batch.labels[i, depth]]
+
+
+def test_chain_order_labels_follow_the_chain(gen):
+    task = LegoTask(LegoConfig(n_vars=6))
+    batch = task.sample(50, gen)
+    for i in range(50):
+        pos = batch.label_pos[i]
+        for depth in range(1, 6):  # the rhs of variable #depth is variable #depth-1
+            assert batch.tokens[i, pos[depth] + 3] == batch.tokens[i, pos[depth - 1]]
+
+
+def test_same_seed_same_sentences_other_seed_other_sentences():
+    task = LegoTask(LegoConfig(n_vars=12))
+    a, b = task.sample(64, seeded_generator(7)), task.sample(64, seeded_generator(7))
+    c = task.sample(64, seeded_generator(8))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.labels, b.labels)
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_sampling_leaves_the_global_rng_alone(gen):
+    state = torch.get_rng_state()
+    LegoTask(LegoConfig()).sample(10, gen)
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_depth_of_every_position(gen):
+    task = LegoTask(LegoConfig(n_vars=5))
+    batch = task.sample(20, gen)
+    depth = batch.latents["depth"]
+    assert (depth[:, 0] == -1).all() and (depth[:, -1] == -1).all()
+    rows = torch.arange(20).unsqueeze(1)
+    assert torch.equal(depth[rows, batch.label_pos], torch.arange(5).expand(20, -1))
+
+
+@pytest.mark.parametrize(
+    ("mode", "k", "expected"),
+    [("all", 3, [1, 1, 1, 1, 1, 1]), ("first", 3, [1, 1, 1, 0, 0, 0]), ("first+last", 2, [1, 1, 0, 0, 0, 1])],
+)
+def test_supervision_masks(mode, k, expected, gen):
+    batch = LegoTask(LegoConfig(n_vars=6, supervision=mode, n_supervised=k)).sample(4, gen)
+    assert batch.loss_mask.tolist() == [[bool(e) for e in expected]] * 4
+
+
+def test_mixed_chain_lengths_pad_and_mask(gen):
+    task = LegoTask(LegoConfig(n_vars=6, min_vars=2, supervision="first+last", n_supervised=1))
+    batch = task.sample(300, gen)
+    length = batch.latents["length"]
+    assert set(length.tolist()) == {2, 3, 4, 5, 6}
+    assert torch.equal(batch.label_mask.sum(1), length)
+    assert (batch.tokens[torch.arange(300), 1 + 5 * length] == EOS).all()
+    assert ((batch.tokens == PAD).sum(1) == 5 * (6 - length)).all()
+    last = batch.loss_mask[torch.arange(300), length - 1]
+    assert last.all() and (batch.loss_mask & ~batch.label_mask).sum() == 0
+    for i in range(20):  # padded sentences still solve correctly
+        solved = lego_reference_values(task.decode(batch.tokens[i]))
+        assert len(solved) == int(length[i])
+    assert (task.sample(50, gen, split="test").latents["length"] == 6).all()  # tests are full length
+
+
+@pytest.mark.parametrize("group", ["z2", "s3"])
+@pytest.mark.parametrize("depth", [0, 2, 5])
+def test_corrupt_flips_one_element_and_exactly_the_downstream_labels(group, depth, gen):
+    task = LegoTask(LegoConfig(group=group, n_vars=6))
+    batch = task.sample(100, gen)
+    twin, changed = task.corrupt(batch, gen, depth=depth)
+    assert ((twin.tokens != batch.tokens).sum(1) == 1).all()
+    assert torch.equal(changed, torch.arange(6).expand(100, -1) >= depth)
+    assert torch.equal(twin.labels != batch.labels, changed)
+    assert torch.equal(twin.label_pos, batch.label_pos)
+
+
+def test_decode_is_readable():
+    task = LegoTask(LegoConfig(n_vars=2, n_supervised=1))
+    text = task.decode(task.sample(1, seeded_generator(0)).tokens[0])
+    assert text.startswith("[BOS] ") and text.endswith(" [EOS]") and text.count(";") == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"n_vars": 30}, "n_vars=30"), ({"group": "s4"}, "group='s4'"), ({"n_supervised": 7}, "n_supervised=7"),
+     ({"supervision": "last"}, "supervision='last'"), ({"min_vars": 9}, "min_vars=9")],
+)
+def test_bad_configs_name_the_value(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        LegoConfig(**kwargs)
