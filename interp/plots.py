@@ -48,3 +48,32 @@ def _loss_panel(ax: plt.Axes, records: list[dict[str, Any]]) -> None:
     ax.plot(steps, [m["eval_loss"] for m in records], label="test")
     ax.set(xlabel="step", ylabel="cross-entropy", yscale="log", title="loss")
     ax.legend(fontsize=8)
+
+
+def head_score_heatmaps(scores: dict[str, list[list[float]]], labels: list[list[str]]) -> plt.Figure:
+    """One heatmap per kind (layer x head), each head annotated with its label's initial."""
+    kinds = list(scores)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(3.0 * len(kinds), 0.5 * len(labels) + 1.8), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        image = ax.imshow(scores[kind], cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
+        ax.set(title=kind, xlabel="head", ylabel="layer", xticks=range(len(labels[0])), yticks=range(len(labels)))
+        for layer, row in enumerate(labels):
+            for head, label in enumerate(row):
+                if label == kind:
+                    ax.text(head, layer, "*", ha="center", va="center", fontsize=14, color="black")
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="score (0 = uniform, 1 = all mass on target)")
+    return fig
+
+
+def heatmap(values: list[list[float]], xlabel: str, ylabel: str, title: str, xticklabels: list[str] | None = None,
+            vmin: float | None = None, vmax: float | None = None, cmap: str = "RdBu_r") -> plt.Figure:
+    """A labelled heatmap (rows = y, columns = x)."""
+    n_rows, n_cols = len(values), len(values[0])
+    fig, ax = plt.subplots(figsize=(min(14, 1.2 + 0.35 * n_cols), 1.2 + 0.4 * n_rows))
+    image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title, yticks=range(n_rows))
+    if xticklabels is not None:
+        ax.set_xticks(range(n_cols), xticklabels, rotation=90, fontsize=7)
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    return fig

@@ -10,6 +10,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from models.planted import parse_planted
 from tasks import TASK_CONFIGS, CompositeConfig, ConfigError, LegoConfig
 
 ACT_FNS = ("gelu", "relu", "silu", "gelu_new")
@@ -26,6 +27,8 @@ class ModelConfig:
     tie_layers: ALBERT-style; every block shares block 0's parameters, hooks stay per layer.
     min_depth: stochastic depth; each training batch runs the first d blocks, d drawn uniformly
       from min_depth..n_layers; evaluation always uses all n_layers.
+    planted: hardcoded heads, {"layer.head": kind} with kind association / manipulation /
+      broadcast and layer "*" for every layer (models/planted.py); the rest trains around them.
     """
 
     n_layers: int = 4
@@ -39,6 +42,7 @@ class ModelConfig:
     tie_layers: bool = False
     min_depth: int | None = None
     n_ctx: int | None = None  # default: the task's sequence length
+    planted: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads"):
@@ -54,6 +58,7 @@ class ModelConfig:
             raise ConfigError(f"model.init_gamma={self.init_gamma} must be > 0 (std = d_in^-gamma), or null for the default init")
         if self.min_depth is not None and not 1 <= self.min_depth <= self.n_layers:
             raise ConfigError(f"model.min_depth={self.min_depth} is outside 1..n_layers={self.n_layers}")
+        parse_planted(self.planted, self.n_layers, self.n_heads)
 
     @property
     def head_dim(self) -> int:

@@ -13,6 +13,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from models.config import ModelConfig
+from models.planted import install_planted_heads
 from tasks import ConfigError, Task
 
 with warnings.catch_warnings():
@@ -43,6 +44,8 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
             apply_init_scale(model, cfg.init_gamma)
     if cfg.tie_layers:
         tie_layers(model)
+    if cfg.planted:
+        install_planted_heads(model, task, cfg.planted)
     return model.to(device, print_details=False)
 
 

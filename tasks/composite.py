@@ -120,19 +120,27 @@ class CompositeTask:
         index = (torch.rand(key_pos.shape, generator=gen) * counts[key_pos]).long()
         return table[key_pos, index]
 
-    def sample(self, n: int, gen: torch.Generator, split: str = "train", pair_ids: Tensor | None = None) -> Batch:
+    def sample(
+        self, n: int, gen: torch.Generator, split: str = "train", pair_ids: Tensor | None = None, key_pos: int | None = None
+    ) -> Batch:
         """`n` sequences. Training draws only trained pairs and training keys; "test" draws every
-        pair (held-out ones included) with test keys. `pair_ids` forces the pairs."""
+        pair (held-out ones included) with test keys. `pair_ids` forces the pairs; `key_pos`
+        puts every key at that position (so positions line up across rows, for patching)."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is unknown; use one of {SPLITS}")
         if pair_ids is None:
             allowed = ~self.is_held_out if split == "train" else torch.ones(len(self.pairs), dtype=torch.bool)
             pair_ids = uniform_choice(allowed.expand(n, -1), gen)
-        key_pos = torch.randint(self.n_key_positions, (n,), generator=gen)
+        if key_pos is None:
+            key_positions = torch.randint(self.n_key_positions, (n,), generator=gen)
+        elif 0 <= key_pos < self.n_key_positions:
+            key_positions = torch.full((n,), key_pos)
+        else:
+            raise ValueError(f"key_pos={key_pos} is outside 0..{self.n_key_positions - 1}")
         latents = {
             "pair": pair_ids,
-            "key_pos": key_pos,
-            "key": self._draw_keys(key_pos, split, gen),
+            "key_pos": key_positions,
+            "key": self._draw_keys(key_positions, split, gen),
             "noise": torch.randint(self.cfg.value_min, self.cfg.value_max + 1, (n, self.cfg.seq_len), generator=gen),
             "split_is_test": torch.full((n,), split == "test"),
         }
@@ -181,6 +189,32 @@ class CompositeTask:
         differs = anchors[:, slot].unsqueeze(0) != anchors[pair][:, slot].unsqueeze(1)
         allowed = same_kept & differs & ~self.is_held_out.unsqueeze(0)
         return uniform_choice(allowed, gen)
+
+    def segment_ids(self, tokens: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+        """The key and its anchor pair form one segment (id 0); every other position is its own."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        key_pos = self.anchor_mask(tokens).int().argmax(-1, keepdim=True) - 1
+        in_triple = (positions >= key_pos) & (positions <= key_pos + 2)
+        return torch.where(in_triple, 0, -1 - positions)
+
+    def anchor_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        return (tokens >= 1) & (tokens <= len(self.cfg.shifts))
+
+    def symbol_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        """Value positions (key and noise): the tokens whose repeats association heads find."""
+        return ~self.anchor_mask(tokens)
+
+    @property
+    def bos_token(self) -> int | None:
+        return None  # no BOS: broadcast heads attend to position 0
+
+    def broadcast_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        mask = torch.zeros_like(tokens, dtype=torch.bool)
+        mask[:, 0] = True
+        return mask
+
+    def padding_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        return torch.zeros_like(tokens, dtype=torch.bool)
 
     def decode(self, tokens: Int[Tensor, "batch pos"] | Int[Tensor, " pos"]) -> list[str] | str:
         """Readable text; anchors are shown as `<a1>`.. so they stand out from values."""

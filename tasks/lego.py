@@ -112,16 +112,18 @@ class LegoTask:
     def label_names(self) -> list[str]:
         return [f"#{i}" for i in range(self.cfg.n_vars)]
 
-    def sample(self, n: int, gen: torch.Generator, split: str = "train") -> Batch:
+    def sample(self, n: int, gen: torch.Generator, split: str = "train", aligned: bool = False) -> Batch:
         """`n` fresh sentences. Train and test differ by seed; with `min_vars` set, training
-        draws a mixture of chain lengths while the test split is always full length."""
+        draws a mixture of chain lengths while the test split is always full length.
+        `aligned=True` gives every sentence the same clause order (and full length), so that a
+        position means the same thing in every row, as per-position patching needs."""
         cfg, n_elements, n_values = self.cfg, len(self.group.elements), len(self.group.values)
         latents = {
             "variables": torch.rand(n, len(VARIABLES), generator=gen).argsort(-1)[:, : cfg.n_vars],
             "elements": torch.randint(n_elements, (n, cfg.n_vars), generator=gen),
             "root": torch.randint(n_values, (n,), generator=gen),
-            "order_keys": torch.rand(n, cfg.n_vars, generator=gen),
-            "length": self._draw_lengths(n, gen, full=split == "test"),
+            "order_keys": torch.rand(1 if aligned else n, cfg.n_vars, generator=gen).expand(n, -1),
+            "length": self._draw_lengths(n, gen, full=split == "test" or aligned),
         }
         return self.build(latents)
 
@@ -196,6 +198,28 @@ class LegoTask:
         latents["elements"] = elements
         twin = self.build(latents)
         return twin, (twin.labels != batch.labels) & batch.label_mask
+
+    def segment_ids(self, tokens: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+        """Clause index of each position (its 'local window'); BOS, EOS and padding each get a
+        segment of their own (negative ids)."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        special = (tokens == BOS) | (tokens == EOS) | (tokens == PAD)
+        return torch.where(special, -1 - positions, (positions - 1).div(CLAUSE_LEN, rounding_mode="floor"))
+
+    def symbol_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        """Positions holding a variable: the tokens whose other occurrences association heads find."""
+        return (tokens >= len(SPECIALS)) & (tokens < self.first_element)
+
+    @property
+    def bos_token(self) -> int:
+        return BOS
+
+    def broadcast_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        """The BOS/EOS positions that broadcast heads attend to."""
+        return (tokens == BOS) | (tokens == EOS)
+
+    def padding_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        return tokens == PAD
 
     def decode(self, tokens: Int[Tensor, "batch pos"] | Int[Tensor, " pos"]) -> list[str] | str:
         """Readable text: `[BOS] a = + 1 ; b = - a ; [EOS]` (padding dropped)."""

@@ -1,0 +1,196 @@
+"""Solution verdicts: which solution did the model find, with the numbers that say so.
+
+Composite: on the held-out pair, the share of answers equal to the inferential target, the
+symmetric target, or neither; "unlearned" when seen-pair accuracy < 90%. Evidence: attention
+from the last token to key and anchors and from the anchors to the key, per layer; cosine
+similarity of last-token representations for equal targets from different pairs.
+
+LEGO: per-variable accuracy and the extrapolation gap, the step at which each variable was
+learned (shortcut: the last variable before the middle ones), percolation from probes, and the
+head labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from interp.attention import attention_patterns
+from tasks import Batch, CompositeTask, LegoTask, logits_at_labels, seeded_generator
+
+SEEN_ACCURACY_TO_COUNT = 0.9  # below it a composite cell counts as not learned (PAPERS.md)
+LEARNED_ACCURACY = 0.95  # a LEGO variable counts as learned from the first evaluation at or above it
+
+
+@torch.no_grad()
+def predictions(model: HookedTransformer, batch: Batch) -> Int[Tensor, "batch label"]:
+    device = next(model.parameters()).device
+    logits = model(batch.tokens.to(device))
+    return logits_at_labels(logits, batch.label_pos.to(device)).argmax(-1).cpu()
+
+
+@dataclass
+class CompositeVerdict:
+    verdict: str  # inferential | symmetric | mixed | unlearned
+    seen_accuracy: float
+    held_out_inferential: float
+    held_out_symmetric: float
+    held_out_other: float
+    attention_flow: dict[str, list[float]] = field(default_factory=dict)  # per layer, head-averaged
+    cosine_same_target: float | None = None
+    cosine_different_target: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def composite_verdict(model: HookedTransformer, task: CompositeTask, n: int = 2000, seed: int = 0) -> CompositeVerdict:
+    """The held-out answer rates on test keys, with the mechanism evidence."""
+    gen = seeded_generator(seed)
+    seen = task.sample(n, gen, split="test", pair_ids=_trained_pairs(task, n, gen))
+    held = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen))
+    seen_acc = (predictions(model, seen) == seen.labels).float().mean().item()
+    pred = predictions(model, held)[:, 0]
+    inf = (pred == held.latents["inferential"]).float().mean().item()
+    sym = (pred == held.latents["symmetric"]).float().mean().item()
+    same, different = last_token_similarity(model, task, seen, gen)
+    return CompositeVerdict(
+        verdict=classify_composite(seen_acc, inf, sym), seen_accuracy=round(seen_acc, 4),
+        held_out_inferential=round(inf, 4), held_out_symmetric=round(sym, 4), held_out_other=round(1 - inf - sym, 4),
+        attention_flow=composite_attention_flow(model, held), cosine_same_target=round(same, 4),
+        cosine_different_target=round(different, 4),
+    )
+
+
+def classify_composite(seen_accuracy: float, inferential: float, symmetric: float) -> str:
+    if seen_accuracy < SEEN_ACCURACY_TO_COUNT:
+        return "unlearned"
+    if inferential > 0.5:
+        return "inferential"
+    if symmetric > 0.5:
+        return "symmetric"
+    return "mixed"
+
+
+def _trained_pairs(task: CompositeTask, n: int, gen: torch.Generator) -> Tensor:
+    ids = (~task.is_held_out).nonzero()[:, 0]
+    return ids[torch.randint(len(ids), (n,), generator=gen)]
+
+
+def _held_out_pairs(task: CompositeTask, n: int, gen: torch.Generator) -> Tensor:
+    ids = task.is_held_out.nonzero()[:, 0]
+    if len(ids) == 0:
+        raise ValueError("the task has no held-out pair; set task.held_out")
+    return ids[torch.randint(len(ids), (n,), generator=gen)]
+
+
+@torch.no_grad()
+def composite_attention_flow(model: HookedTransformer, batch: Batch) -> dict[str, list[float]]:
+    """Per layer, head-averaged attention: last token -> key, anchor 1, anchor 2; anchor 1 and
+    anchor 2 -> key."""
+    device = next(model.parameters()).device
+    patterns = attention_patterns(model, batch.tokens.to(device)).mean(2).cpu()  # [layer, batch, q, k]
+    key = batch.latents["key_pos"]
+    rows, last = torch.arange(len(batch)), batch.tokens.shape[1] - 1
+    read = lambda q, k: patterns[:, rows, q, k].mean(-1).round(decimals=4).tolist()  # noqa: E731
+    return {
+        "last->key": read(last, key), "last->anchor1": read(last, key + 1), "last->anchor2": read(last, key + 2),
+        "anchor1->key": read(key + 1, key), "anchor2->key": read(key + 2, key),
+    }
+
+
+@torch.no_grad()
+def last_token_similarity(model: HookedTransformer, task: CompositeTask, batch: Batch, gen: torch.Generator) -> tuple[float, float]:
+    """Mean cosine similarity of the final last-token residual between each input and a twin
+    with another trained pair and a key chosen so that the target is the same; and, as a
+    baseline, with a twin whose key gives a different target."""
+    latents = dict(batch.latents)
+    other = _other_trained_pair(task, latents["pair"], gen)
+    same_key = latents["key"] + task.trained_shift[latents["pair"]] - task.trained_shift[other]
+    in_range = (same_key >= task.cfg.value_min) & (same_key <= task.cfg.value_max)
+    same_key = same_key.clamp(task.cfg.value_min, task.cfg.value_max)
+    other_key = torch.where(same_key + 7 <= task.cfg.value_max, same_key + 7, same_key - 7)  # target moves by 7
+    twin = task.build({**latents, "pair": other, "key": same_key})
+    shifted = task.build({**latents, "pair": other, "key": other_key})
+    base = _last_residual(model, batch.tokens)
+    same = F.cosine_similarity(base, _last_residual(model, twin.tokens), dim=-1)[in_range].mean().item()
+    different = F.cosine_similarity(base, _last_residual(model, shifted.tokens), dim=-1)[in_range].mean().item()
+    return same, different
+
+
+def _other_trained_pair(task: CompositeTask, pair: Tensor, gen: torch.Generator) -> Tensor:
+    allowed = ~task.is_held_out.unsqueeze(0) & (torch.arange(len(task.pairs)).unsqueeze(0) != pair.unsqueeze(1))
+    scores = torch.rand(allowed.shape, generator=gen).masked_fill(~allowed, -1.0)
+    return scores.argmax(-1)
+
+
+def _last_residual(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_model"]:
+    device = next(model.parameters()).device
+    name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    _, cache = model.run_with_cache(tokens.to(device), names_filter=name)
+    return cache[name][:, -1].cpu()
+
+
+@dataclass
+class LegoVerdict:
+    acc_per_var: list[float]
+    supervised: list[bool]
+    extrapolation_gap: float | None  # mean supervised accuracy - mean unsupervised accuracy
+    learned_step: list[int | None]  # first evaluation step with accuracy >= LEARNED_ACCURACY
+    last_learned_before_middle: bool | None  # the shortcut signature (None: not enough learned)
+    findings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def lego_verdict(model: HookedTransformer, task: LegoTask, metrics: list[dict[str, Any]], n: int = 2000, seed: int = 0) -> LegoVerdict:
+    """Accuracy per variable, extrapolation, and the order in which variables were learned."""
+    batch = task.sample(n, seeded_generator(seed), split="test")
+    correct = predictions(model, batch) == batch.labels
+    acc = correct.float().mean(0).tolist()
+    supervised = batch.loss_mask.any(0).tolist()
+    sup = [a for a, s in zip(acc, supervised) if s]
+    unsup = [a for a, s in zip(acc, supervised) if not s]
+    gap = sum(sup) / len(sup) - sum(unsup) / len(unsup) if sup and unsup else None
+    learned = learned_steps(metrics, len(acc))
+    shortcut = last_learned_before_middle(learned)
+    verdict = LegoVerdict([round(a, 4) for a in acc], supervised, None if gap is None else round(gap, 4), learned, shortcut)
+    verdict.findings = _lego_findings(verdict)
+    return verdict
+
+
+def learned_steps(metrics: list[dict[str, Any]], n_vars: int) -> list[int | None]:
+    steps: list[int | None] = [None] * n_vars
+    for record in metrics:
+        for i, accuracy in enumerate(record.get("acc_per_var", [])):
+            if steps[i] is None and accuracy >= LEARNED_ACCURACY:
+                steps[i] = record["step"]
+    return steps
+
+
+def last_learned_before_middle(steps: list[int | None]) -> bool | None:
+    """True when the last variable was learned strictly before every middle variable (#1..#n-2)
+    that was learned at all, with at least one middle one still unlearned or later."""
+    if len(steps) < 3 or steps[-1] is None:
+        return None
+    middle = steps[1:-1]
+    return all(s is None or steps[-1] < s for s in middle) and any(s is None or s > steps[-1] for s in middle)
+
+
+def _lego_findings(v: LegoVerdict) -> list[str]:
+    lines = []
+    sup = [i for i, s in enumerate(v.supervised) if s]
+    if sup and all(v.acc_per_var[i] >= 0.98 for i in sup):
+        lines.append(f"fits every supervised variable (#{sup[0]}..#{sup[-1]} >= 98%)")
+    if v.extrapolation_gap is not None:
+        lines.append(f"extrapolation gap (supervised - unsupervised mean accuracy): {v.extrapolation_gap:.3f}")
+    if v.last_learned_before_middle:
+        lines.append("the last variable was learned before the middle ones: the parity shortcut signature")
+    return lines

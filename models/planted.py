@@ -1,0 +1,124 @@
+"""Planted (hardcoded) attention heads: chosen heads' patterns are replaced by patterns built from
+the token ids alone, row-normalised (LEGO paper, finding 8). The rest of the model trains around
+them. They are also the ground truth that the head classifier is calibrated on.
+
+- association:  A_ij = 1[u_i = u_j]            (same token anywhere, self included)
+- manipulation: A_ij = 1[seg_i = seg_j]        (inside the query's clause, the task's segments)
+- broadcast:    A_ij = 1[u_j = BOS]            (position 0 for tasks without BOS)
+- previous:     A_ij = 1[j = i - 1]            (position 0 attends to itself)
+- self:         A_ij = 1[j = i]
+
+Shape glossary: batch, head_index, query_pos, key_pos.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from tasks import ConfigError, Task
+
+PLANTED_KINDS = ("association", "manipulation", "broadcast", "previous", "self")
+
+
+def association_pattern(tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch query_pos key_pos"]:
+    return _row_normalise(tokens.unsqueeze(2) == tokens.unsqueeze(1))
+
+
+def manipulation_pattern(segments: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch query_pos key_pos"]:
+    return _row_normalise(segments.unsqueeze(2) == segments.unsqueeze(1))
+
+
+def broadcast_pattern(tokens: Int[Tensor, "batch pos"], bos: int | None) -> Float[Tensor, "batch query_pos key_pos"]:
+    targets = tokens == bos if bos is not None else torch.zeros_like(tokens, dtype=torch.bool)
+    targets[:, 0] |= ~targets.any(-1)  # no BOS in the row: broadcast to position 0
+    return _row_normalise(targets.unsqueeze(1).expand(-1, tokens.shape[1], -1))
+
+
+def _row_normalise(mask: Tensor) -> Tensor:
+    weights = mask.float()
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def planted_pattern(kind: str, tokens: Int[Tensor, "batch pos"], task: Task) -> Float[Tensor, "batch query_pos key_pos"]:
+    """The pattern of one planted head; for a causal task, restricted to keys at or before the
+    query (and renormalised), as the causal mask would."""
+    if kind == "association":
+        pattern = association_pattern(tokens)
+    elif kind == "manipulation":
+        pattern = manipulation_pattern(task.segment_ids(tokens))
+    elif kind == "broadcast":
+        pattern = broadcast_pattern(tokens, task.bos_token)
+    else:
+        offset = -1 if kind == "previous" else 0
+        n_pos = tokens.shape[1]
+        pattern = torch.eye(n_pos, device=tokens.device).roll(offset, dims=1).expand(tokens.shape[0], -1, -1).clone()
+        pattern[:, 0] = torch.eye(n_pos, device=tokens.device)[0]
+    if task.causal:
+        allowed = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool, device=tokens.device).tril()
+        pattern = _renormalise(pattern * allowed)
+    return pattern
+
+
+def _renormalise(weights: Tensor) -> Tensor:
+    """Rows with no mass left (a causal query before every target) fall back to self-attention."""
+    empty = weights.sum(-1, keepdim=True) == 0
+    eye = torch.eye(weights.shape[-1], device=weights.device).expand_as(weights)
+    weights = torch.where(empty, eye, weights)
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def parse_planted(spec: dict[str, str], n_layers: int, n_heads: int) -> dict[int, dict[int, str]]:
+    """{"0.1": "association", "*.0": "broadcast"} -> {layer: {head: kind}}; "*" means every layer."""
+    plan: dict[int, dict[int, str]] = {}
+    for where, kind in spec.items():
+        if kind not in PLANTED_KINDS:
+            raise ConfigError(f"model.planted[{where!r}]={kind!r} is unknown; use one of {PLANTED_KINDS}")
+        layer, _, head = where.partition(".")
+        try:
+            layers = range(n_layers) if layer == "*" else [int(layer)]
+            head_index = int(head)
+        except ValueError:
+            raise ConfigError(f"model.planted key {where!r} is not 'layer.head' (layer may be '*')") from None
+        if not (all(0 <= x < n_layers for x in layers) and 0 <= head_index < n_heads):
+            raise ConfigError(f"model.planted key {where!r} is outside layers 0..{n_layers - 1}, heads 0..{n_heads - 1}")
+        for x in layers:
+            plan.setdefault(x, {})[head_index] = kind
+    return plan
+
+
+def install_planted_heads(model, task: Task, spec: dict[str, str]) -> None:
+    """Replace the chosen heads' `hook_pattern` with planted patterns, as permanent hooks.
+
+    The token ids are captured by a forward pre-hook on the model. A forward that starts from a
+    residual stream (`start_at_layer`, as batched patching does) reuses the last token ids, tiled
+    when the batch is a whole multiple of theirs (patch cells stacked as copies of the batch).
+    """
+    plan = parse_planted(spec, model.cfg.n_layers, model.cfg.n_heads)
+    state: dict[str, Tensor] = {}
+
+    def remember_tokens(module, args, kwargs):
+        tokens = args[0] if args else kwargs.get("input")
+        if isinstance(tokens, Tensor) and not tokens.is_floating_point():
+            state["tokens"] = tokens
+
+    model.register_forward_pre_hook(remember_tokens, with_kwargs=True)
+    for layer, heads in plan.items():
+        model.add_hook(f"blocks.{layer}.attn.hook_pattern", _pattern_hook(heads, task, state), is_permanent=True)
+    model.planted_plan = plan
+
+
+def _pattern_hook(heads: dict[int, str], task: Task, state: dict[str, Tensor]):
+    def hook(pattern: Tensor, hook) -> Tensor:
+        tokens = state["tokens"]
+        if pattern.shape[0] != tokens.shape[0]:
+            if pattern.shape[0] % tokens.shape[0]:
+                raise RuntimeError(f"planted heads: batch {pattern.shape[0]} is no multiple of the last tokens' {tokens.shape[0]}")
+            tokens = tokens.repeat(pattern.shape[0] // tokens.shape[0], 1)
+        pattern = pattern.clone()
+        for head, kind in heads.items():
+            pattern[:, head] = planted_pattern(kind, tokens.to(pattern.device), task).to(pattern.dtype)
+        return pattern
+
+    return hook
