@@ -16,6 +16,7 @@ from tasks import TASK_CONFIGS, CompositeConfig, ConfigError, LegoConfig
 ACT_FNS = ("gelu", "relu", "silu", "gelu_new")
 NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre")
 DEVICES = ("auto", "cpu", "cuda")
+POSITIONALS = ("standard", "rotary")
 
 
 @dataclass
@@ -27,6 +28,8 @@ class ModelConfig:
     tie_layers: ALBERT-style; every block shares block 0's parameters, hooks stay per layer.
     min_depth: stochastic depth; each training batch runs the first d blocks, d drawn uniformly
       from min_depth..n_layers; evaluation always uses all n_layers.
+    positional: "standard" (learned absolute) or "rotary" (relative; rotary_dim = d_head / 2, so
+      half of each head's dimensions match content regardless of distance).
     planted: hardcoded heads, {"layer.head": kind} with kind association / manipulation /
       broadcast and layer "*" for every layer (models/planted.py); the rest trains around them.
     """
@@ -42,6 +45,7 @@ class ModelConfig:
     tie_layers: bool = False
     min_depth: int | None = None
     n_ctx: int | None = None  # default: the task's sequence length
+    positional: str = "standard"
     planted: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -54,6 +58,8 @@ class ModelConfig:
             raise ConfigError(f"model.act_fn={self.act_fn!r} is unknown; use one of {ACT_FNS}")
         if self.normalization not in NORMALIZATIONS:
             raise ConfigError(f"model.normalization={self.normalization!r} is unknown; use one of {NORMALIZATIONS}")
+        if self.positional not in POSITIONALS:
+            raise ConfigError(f"model.positional={self.positional!r} is unknown; use one of {POSITIONALS}")
         if self.init_gamma is not None and self.init_gamma <= 0:
             raise ConfigError(f"model.init_gamma={self.init_gamma} must be > 0 (std = d_in^-gamma), or null for the default init")
         if self.min_depth is not None and not 1 <= self.min_depth <= self.n_layers:

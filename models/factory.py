@@ -33,6 +33,7 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
         d_mlp=cfg.mlp_dim, d_vocab=task.d_vocab, d_vocab_out=task.d_vocab_out, n_ctx=n_ctx,
         act_fn=cfg.act_fn, normalization_type=cfg.normalization,
         attention_dir="causal" if task.causal else "bidirectional", default_prepend_bos=False,
+        positional_embedding_type=cfg.positional, rotary_dim=cfg.head_dim // 2 if cfg.positional == "rotary" else None,
     )
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # TL 3.x warns on every construction that 4.0 replaces HookedTransformer; we pin <4 on
