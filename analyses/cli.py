@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_options(demo)
     demo.set_defaults(run=_cmd_demo)
 
+    analyze = sub.add_parser("analyze", help="look inside a trained run: heads, patching, probes, verdict")
+    analyze.add_argument("run_dir", type=Path)
+    analyze.add_argument("--samples", type=int, default=512, help="test sentences for head scores (default 512)")
+    analyze.add_argument("--seed", type=int, default=0)
+    analyze.set_defaults(run=_cmd_analyze)
+
     report = sub.add_parser("report", help="(re)write report.html of a trained run")
     report.add_argument("run_dir", type=Path)
     report.set_defaults(run=_cmd_report)
@@ -141,6 +147,23 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     path = write_run_report(load_run(args.run_dir))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from interp.analysis import analyze_run, write_analysis
+    from interp.run_report import write_run_report
+    from models.runs import load_run
+
+    if not (args.run_dir / "model.safetensors").exists():
+        raise ConfigError(f"{args.run_dir} holds no trained model (model.safetensors); train it first")
+    run = load_run(args.run_dir)
+    analysis = analyze_run(run, n_samples=args.samples, seed=args.seed)
+    json_path = write_analysis(run, analysis)
+    report_path = write_run_report(run, analysis=analysis)
+    verdict = analysis["verdict"]
+    print(json.dumps(verdict.get("verdict") or verdict.get("findings")))
+    print(f"wrote {json_path} and {report_path} in {analysis['seconds']:.0f} s")
     return 0
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from interp import plots
+from interp.analysis import ANALYSIS, analysis_sections
 from interp.attention import attention_patterns
 from interp.report import Report, figure_html, table_html
 from models.runs import LoadedRun
@@ -16,9 +17,14 @@ from tasks import seeded_generator
 REPORT = "report.html"
 
 
-def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345) -> Report:
+def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, analysis: dict | None = None) -> Report:
+    """Summary, configuration, curves, attention views; with `analysis` (or the run's
+    analysis.json), also the verdict, head scores, patching and probes."""
     report = Report(f"interp-workbench run: {run.path.name}")
+    analysis = analysis if analysis is not None else _stored_analysis(run.path)
     report.add("Summary", _summary_html(run))
+    if analysis:
+        analysis_sections(report, analysis)
     report.add("Configuration", f"<pre>{html.escape(run.config.to_json())}</pre>")
     report.add("Training curves", _curves_html(run))
     report.add("Attention patterns", _attention_html(report, run, n_examples, seed))
@@ -27,6 +33,11 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345) -> 
 
 def write_run_report(run: LoadedRun, path: str | Path | None = None, **kwargs) -> Path:
     return build_run_report(run, **kwargs).write(path or run.path / REPORT)
+
+
+def _stored_analysis(run_dir: Path) -> dict | None:
+    path = run_dir / ANALYSIS
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _summary_html(run: LoadedRun) -> str:

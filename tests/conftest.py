@@ -4,8 +4,12 @@ the tests (the import hook must run before the packages are imported)."""
 from jaxtyping import install_import_hook
 
 with install_import_hook(["tasks", "models", "interp"], "beartype.beartype"):
+    import interp.analysis  # noqa: F401
     import interp.attention  # noqa: F401
+    import interp.patching  # noqa: F401
+    import interp.probes  # noqa: F401
     import interp.report  # noqa: F401
+    import interp.solutions  # noqa: F401
     import models.factory  # noqa: F401
     import models.train  # noqa: F401
     import tasks  # noqa: F401

@@ -1,0 +1,168 @@
+"""Patching benchmark: our batched exact sweep against TransformerLens's loop, and attribution
+against exact, measured side by side in one process (ratios carry the message, not absolute
+times on a shared machine).
+
+    python -m analyses.bench_patching RUN_DIR [--n-pairs 32] [--seed 0] [--repeats 3]
+
+Reports, on the same counterfactual pairs (the task's `corrupt()`, logit difference at one
+label slot): the time of `patch_head_out_by_pos` vs `transformer_lens.patching.
+get_act_patch_attn_head_out_by_pos` (target: ours >= 3x faster) and their max abs difference;
+the time of `attribute_head_out_by_pos` vs exact (target >= 50x faster); and the Spearman
+correlation of attribution with exact over head-output cells (target >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from interp.patching import (
+    attribute_head_out,
+    attribute_head_out_by_pos,
+    logit_diff_metric,
+    patch_head_out,
+    patch_head_out_by_pos,
+)
+from models.factory import build_model
+from models.runs import load_run
+from tasks import Batch, Task, logits_at_labels, seeded_generator
+
+
+def best_times(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """The fastest of `repeats` runs in wall-clock and in CPU seconds; CPU time is less
+    disturbed when other processes share the cores."""
+    wall, cpu = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return min(wall), min(cpu)
+
+
+def average_ranks(x: Tensor) -> Tensor:
+    """1-based ranks of a flat tensor; tied values share their mean rank."""
+    _, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    return (ends - (counts.double() - 1) / 2)[inverse]
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman's rank correlation: the Pearson correlation of the (tie-averaged) ranks."""
+    ranks = torch.stack([average_ranks(a.flatten()), average_ranks(b.flatten())])
+    return torch.corrcoef(ranks)[0, 1].item()
+
+
+def counterfactual_pairs(task: Task, n_pairs: int, seed: int) -> tuple[Batch, Batch]:
+    """Test-split pairs; LEGO corrupts chain depth 0 (so every variable changes), composite
+    changes the key (so the answer changes)."""
+    gen = seeded_generator(seed)
+    clean = task.sample(n_pairs, gen, split="test")
+    corrupted, _ = task.corrupt(clean, gen)
+    return clean, corrupted
+
+
+def label_accuracy(model: Any, batch: Batch, label_index: int) -> float:
+    """How trained the model is on the slot the metric reads."""
+    with torch.no_grad():
+        predictions = logits_at_labels(model(batch.tokens), batch.label_pos).argmax(-1)
+    return (predictions[:, label_index] == batch.labels[:, label_index]).float().mean().item()
+
+
+def transformer_lens_by_pos(model: Any, clean: Tensor, corrupted: Tensor, metric: Callable) -> Tensor:
+    """TransformerLens's own head-by-position sweep (one full forward pass per cell)."""
+    from transformer_lens.patching import get_act_patch_attn_head_out_by_pos
+
+    with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):  # its per-cell progress bar
+        _, clean_cache = model.run_with_cache(clean)
+        return get_act_patch_attn_head_out_by_pos(model, corrupted, clean_cache, lambda logits: metric(logits).mean())
+
+
+def attribution_agreement(model: Any, clean: Batch, corrupted: Batch, metric: Callable) -> dict[str, float]:
+    """Spearman correlation of attribution with exact patching over head-output cells, per
+    (layer, pos, head) and per (layer, head)."""
+    args = (model, clean.tokens, corrupted.tokens, metric)
+    return {
+        "spearman_head_out_by_pos": spearman(attribute_head_out_by_pos(*args).values, patch_head_out_by_pos(*args).values),
+        "spearman_head_out": spearman(attribute_head_out(*args).values, patch_head_out(*args).values),
+    }
+
+
+def run_patching_benchmark(
+    model: Any, task: Task, n_pairs: int = 32, seed: int = 0, repeats: int = 3, label_index: int = 0,
+) -> dict[str, Any]:
+    """Times and agreement of exact, TransformerLens and attribution patching on head outputs,
+    with the logit difference at label slot `label_index` (LEGO: variable #label_index)."""
+    clean, corrupted = counterfactual_pairs(task, n_pairs, seed)
+    metric = logit_diff_metric(clean, corrupted, label_index)
+    args = (model, clean.tokens, corrupted.tokens, metric)
+    exact = patch_head_out_by_pos(*args)
+    reference = transformer_lens_by_pos(*args)
+    t_tl, cpu_tl = best_times(lambda: transformer_lens_by_pos(*args), repeats)
+    t_exact, cpu_exact = best_times(lambda: patch_head_out_by_pos(*args), repeats)
+    t_attribution, cpu_attribution = best_times(lambda: attribute_head_out_by_pos(*args), 3 * repeats)
+    return {
+        "n_pairs": n_pairs, "n_cells": exact.values.numel(), "label_index": label_index,
+        "label_accuracy": label_accuracy(model, clean, label_index),
+        "clean_metric": exact.clean_metric, "corrupted_metric": exact.corrupted_metric,
+        "max_abs_diff_vs_transformer_lens": (exact.raw - reference.cpu()).abs().max().item(),
+        "time_transformer_lens_s": t_tl, "time_exact_s": t_exact, "time_attribution_s": t_attribution,
+        "speedup_exact_vs_transformer_lens": t_tl / t_exact,
+        "speedup_attribution_vs_exact": t_exact / t_attribution,
+        "cpu_speedup_exact_vs_transformer_lens": cpu_tl / cpu_exact,
+        "cpu_speedup_attribution_vs_exact": cpu_exact / cpu_attribution,
+        **attribution_agreement(model, clean, corrupted, metric),
+    }
+
+
+def agreement_at_init(run: Any, n_pairs: int, seed: int, label_index: int) -> dict[str, float]:
+    """The same Spearman correlations on freshly initialised weights of the run's config: a
+    reference for how far training (saturated attention and MLPs) moves the first-order
+    estimate away from exact."""
+    model = build_model(run.config.model, run.task, seed=run.config.train.seed)
+    clean, corrupted = counterfactual_pairs(run.task, n_pairs, seed)
+    agreement = attribution_agreement(model, clean, corrupted, logit_diff_metric(clean, corrupted, label_index))
+    return {f"{key}_at_init": value for key, value in agreement.items()}
+
+
+TARGETS = {"speedup_exact_vs_transformer_lens": 3.0, "speedup_attribution_vs_exact": 50.0,
+           "cpu_speedup_exact_vs_transformer_lens": 3.0, "cpu_speedup_attribution_vs_exact": 50.0,
+           "spearman_head_out_by_pos": 0.8}
+
+
+def print_report(results: dict[str, Any]) -> None:
+    for key, value in results.items():
+        target = TARGETS.get(key)
+        verdict = "" if target is None else f"   target >= {target}: {'met' if value >= target else 'NOT met'}"
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        print(f"{key:36s} {shown:>12s}{verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", help="a trained run folder (workbench train --out ...)")
+    parser.add_argument("--n-pairs", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--label-index", type=int, default=0, help="label slot the metric reads (LEGO: variable #i)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps the comparison fair on a busy machine)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        run = load_run(args.run_dir)
+    print(f"run {run.path} ({run.config.task.name}), model {run.config.model}")
+    results = run_patching_benchmark(run.model, run.task, args.n_pairs, args.seed, args.repeats, args.label_index)
+    print_report({**results, **agreement_at_init(run, args.n_pairs, args.seed, args.label_index)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""One trained run, looked into: head scores and labels, exact and attribution patching on the
+task's own counterfactual pairs, layer-wise probes, and the solution verdict. `analyze_run`
+returns plain JSON-ready data (written as analysis.json); `analysis_sections` turns it into
+report sections."""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from interp import plots
+from interp.attention import classify_heads
+from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual
+from interp.probes import composite_probe_map, lego_probe_map
+from interp.report import Report, figure_html, table_html
+from interp.solutions import composite_verdict, lego_verdict
+from models.runs import LoadedRun
+from tasks import Batch, CompositeTask, LegoTask, seeded_generator
+
+ANALYSIS = "analysis.json"
+MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
+
+
+def counterfactual_pairs(task: LegoTask | CompositeTask, n: int, seed: int) -> tuple[Batch, Batch, int, str]:
+    """Aligned clean/corrupted pairs, the label slot the metric reads, and what was changed.
+
+    LEGO: flip the root clause's group element (every variable changes) and read the last
+    supervised variable. Composite: change the key, with every key at position 2."""
+    gen = seeded_generator(seed)
+    if isinstance(task, LegoTask):
+        clean = task.sample(n, gen, split="test", aligned=True)
+        corrupted, _ = task.corrupt(clean, gen, depth=0)
+        slot = int(clean.loss_mask.any(0).nonzero().max())
+        return clean, corrupted, slot, f"group element at depth 0 flipped; metric at variable #{slot}"
+    clean = task.sample(n, gen, split="test", pair_ids=None, key_pos=2)
+    clean = clean.select(~clean.latents["held_out"])
+    corrupted, _ = task.corrupt(clean, gen, change="key")
+    return clean, corrupted, 0, "key changed; metric at the last position"
+
+
+def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> dict[str, Any]:
+    clean, corrupted, slot, description = counterfactual_pairs(run.task, n_pairs, seed)
+    metric = logit_diff_metric(clean, corrupted, label_index=slot)
+    device = next(run.model.parameters()).device
+    args = (run.model, clean.tokens.to(device), corrupted.tokens.to(device), metric)
+    return {
+        "pairs": description, "n_pairs": len(clean),
+        "tokens": run.task.token_strings(clean.tokens[0]),
+        "residual": patch_residual(*args).to_dict(),
+        "heads": patch_head_out(*args).to_dict(),
+        "heads_attribution": attribute_head_out(*args).to_dict(),
+    }
+
+
+def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> dict[str, Any]:
+    """Everything the report shows, as JSON-ready data."""
+    started = time.perf_counter()
+    task, model = run.task, run.model
+    tokens = task.sample(n_samples, seeded_generator(seed), split="test").tokens
+    analysis: dict[str, Any] = {"run": str(run.path), "task": run.config.task.name}
+    analysis["heads"] = classify_heads(model, task, tokens).to_dict()
+    analysis["patching"] = patching_analysis(run, seed=seed)
+    if isinstance(task, LegoTask):
+        probes = lego_probe_map(model, task, seed=seed)
+        verdict = lego_verdict(model, task, run.metrics, seed=seed).to_dict()
+        verdict["findings"] += _percolation_findings(probes.slope, probes.linearity, probes.first_layer)
+    else:
+        probes = composite_probe_map(model, task, seed=seed)
+        verdict = composite_verdict(model, task, seed=seed).to_dict()
+    analysis["probes"] = probes.to_dict()
+    analysis["verdict"] = verdict
+    analysis["seconds"] = round(time.perf_counter() - started, 2)
+    return analysis
+
+
+def _percolation_findings(slope: float | None, linearity: float | None, first: list[int | None]) -> list[str]:
+    if slope is None:
+        return [f"probes: too few depths reach the threshold for a percolation slope (first layers {first})"]
+    fit = "n/a: every depth reaches it at the same layer" if linearity is None else f"{linearity:.2f}"
+    return [f"probes: information percolates at {slope:.2f} layers per reasoning step (R^2 {fit}; "
+            f"first layer per depth {first})"]
+
+
+def write_analysis(run: LoadedRun, analysis: dict[str, Any]) -> Path:
+    path = run.path / ANALYSIS
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(analysis, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
+    """Verdict, heads, patching and probes, appended to `report`."""
+    report.add("Verdict", _verdict_html(analysis["verdict"]))
+    heads = analysis["heads"]
+    report.add("Attention heads", figure_html(plots.head_score_heatmaps(heads["scores"], heads["labels"]),
+               "Score per kind (0 = uniform attention, 1 = all mass on the kind's targets); * marks each head's label.")
+               + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]]))
+    report.add("Activation patching", _patching_html(analysis["patching"]))
+    report.add("Probes", _probes_html(analysis["probes"]))
+
+
+def _verdict_html(verdict: dict[str, Any]) -> str:
+    if "verdict" in verdict:  # composite
+        head = f"<p class='verdict'>Solution: {html.escape(verdict['verdict'])}</p>"
+        rows = [[k, json.dumps(v)] for k, v in verdict.items() if k != "verdict"]
+        return head + table_html(rows, ["evidence", "value"])
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in verdict["findings"])
+    rows = [[f"#{i}", a, "yes" if s else "no", verdict["learned_step"][i]]
+            for i, (a, s) in enumerate(zip(verdict["acc_per_var"], verdict["supervised"]))]
+    return f"<ul>{items}</ul>" + table_html(rows, ["variable", "test accuracy", "supervised", "learned at step"])
+
+
+def _patching_html(patching: dict[str, Any]) -> str:
+    resid, heads, attribution = patching["residual"], patching["heads"], patching["heads_attribution"]
+    parts = [f"<p>Counterfactual pairs: {html.escape(patching['pairs'])} ({patching['n_pairs']} pairs, one shared "
+             f"layout). Values are normalised: 0 = corrupted behaviour, 1 = clean (logit difference "
+             f"{resid['clean_metric']:.2f} clean vs {resid['corrupted_metric']:.2f} corrupted).</p>"]
+    if abs(resid["clean_metric"] - resid["corrupted_metric"]) < MIN_METRIC_GAP:
+        parts.append("<p><strong>Warning:</strong> the model barely tells clean from corrupted inputs apart, so the "
+                     "normalised values below divide by a near-zero gap and mean little.</p>")
+    parts.append(figure_html(plots.heatmap(resid["values"], "position", "layer", "residual stream (clean -> corrupted)",
+                                           patching["tokens"], -1.0, 1.0), "Exact patching of the residual stream at each layer and position."))
+    parts.append(figure_html(plots.heatmap(heads["values"], "head", "layer", "head outputs, exact", None, -1.0, 1.0),
+                             "Exact patching of each head's output at all positions."))
+    parts.append(figure_html(plots.heatmap(attribution["values"], "head", "layer", "head outputs, attribution", None, -1.0, 1.0),
+                             "Attribution patching (first-order estimate) of the same cells."))
+    return "".join(parts)
+
+
+def _probes_html(probes: dict[str, Any]) -> str:
+    if "depth_names" in probes:  # LEGO
+        fig = plots.heatmap(probes["accuracy"], "chain depth", "layer", "probe accuracy", probes["depth_names"], 0.0, 1.0, "viridis")
+        note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
+                f"{probes['first_layer']}; slope {probes['slope']} layers per step, R^2 {probes['linearity']}.")
+        return figure_html(fig, "Linear probe accuracy for each variable's value at its own token.") + f"<p>{html.escape(note)}</p>"
+    rows = []
+    for site_index, site in enumerate(probes["site_names"]):
+        for quantity_index, quantity in enumerate(probes["quantity_names"]):
+            rows.append([site, quantity, *[round(layer[site_index][quantity_index], 3) for layer in probes["accuracy"]]])
+    header = ["site", "quantity", *probes["layer_names"]]
+    return "<p>Linear probe accuracy per layer.</p>" + table_html(rows, header)

@@ -1,0 +1,31 @@
+"""`workbench analyze` on freshly trained tiny runs: analysis.json and the report's sections."""
+
+import json
+
+import pytest
+
+from analyses.cli import main
+from tests.integration.test_cli import TINY
+
+
+@pytest.mark.parametrize("task", ["lego", "composite"])
+def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
+    out = tmp_path / task
+    assert main(["train", "--task", task, "--out", str(out), *TINY]) == 0
+    assert main(["analyze", str(out), "--samples", "64"]) == 0
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert set(analysis) >= {"heads", "patching", "probes", "verdict"}
+    assert len(analysis["heads"]["labels"]) == 2  # layers
+    assert analysis["patching"]["heads"]["method"] == "exact"
+    assert analysis["patching"]["heads_attribution"]["method"] == "attribution"
+    page = (out / "report.html").read_text()
+    for section in ["Verdict", "Attention heads", "Activation patching", "Probes", "Attention patterns"]:
+        assert f"<h2>{section}</h2>" in page
+    if task == "composite":
+        assert analysis["verdict"]["verdict"] == "unlearned"  # 12 steps cannot fit the seen pairs
+    else:
+        assert len(analysis["probes"]["accuracy"]) == 3  # embedding + 2 blocks
+
+
+def test_analyze_needs_a_trained_run(tmp_path):
+    assert main(["analyze", str(tmp_path)]) == 2

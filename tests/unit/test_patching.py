@@ -1,0 +1,244 @@
+import json
+import math
+import warnings
+
+import pytest
+import torch
+
+from analyses.bench_patching import run_patching_benchmark, spearman
+from interp.patching import (
+    activation_patch,
+    attribute_head_out,
+    attribute_head_out_by_pos,
+    attribute_residual,
+    attribution_patch,
+    cell_masks,
+    logit_diff_metric,
+    patch_head_out,
+    patch_head_out_by_pos,
+    patch_mlp_out,
+    patch_residual,
+)
+from models.factory import build_model
+from tasks import CompositeConfig, CompositeTask, LegoConfig, LegoTask, seeded_generator
+from tests.helpers import TINY_MODEL
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from transformer_lens import patching as tl_patching
+
+LEGO = LegoTask(LegoConfig(n_vars=4, n_supervised=2))
+COMPOSITE = CompositeTask(CompositeConfig())
+# our sweep and the TransformerLens function it must reproduce
+SWEEPS = [
+    (patch_residual, tl_patching.get_act_patch_resid_pre),
+    (patch_head_out, tl_patching.get_act_patch_attn_head_out_all_pos),
+    (patch_head_out_by_pos, tl_patching.get_act_patch_attn_head_out_by_pos),
+    (patch_mlp_out, tl_patching.get_act_patch_mlp_out),
+]
+
+
+def counterfactual_setup(task, n=8, seed=0):
+    """A tiny random model and real pairs from task.corrupt(): LEGO changes chain depth 1 and
+    reads variable #2 (changed), composite changes the key and reads the answer."""
+    model = build_model(TINY_MODEL, task, seed=seed)
+    gen = seeded_generator(seed)
+    clean = task.sample(n, gen, split="test")
+    if task is LEGO:
+        corrupted, _ = task.corrupt(clean, gen, depth=1)
+        label_index = 2
+    else:
+        corrupted, _ = task.corrupt(clean, gen, change="key")
+        label_index = 0
+    return model, clean, corrupted, logit_diff_metric(clean, corrupted, label_index)
+
+
+@pytest.mark.parametrize("direction", ["clean_to_corrupted", "corrupted_to_clean"])
+@pytest.mark.parametrize("ours, theirs", SWEEPS, ids=[s[0].__name__ for s in SWEEPS])
+@pytest.mark.parametrize("task", [LEGO, COMPOSITE], ids=["lego_bidirectional", "composite_causal"])
+def test_exact_patching_equals_transformer_lens(task, ours, theirs, direction):
+    model, clean, corrupted, metric = counterfactual_setup(task)
+    source, target = (clean, corrupted) if direction == "clean_to_corrupted" else (corrupted, clean)
+    with torch.no_grad():
+        _, source_cache = model.run_with_cache(source.tokens)
+        expected = theirs(model, target.tokens, source_cache, lambda logits: metric(logits).mean())
+    result = ours(model, clean.tokens, corrupted.tokens, metric, direction=direction, max_batch=24)
+    assert result.raw.shape == expected.shape
+    assert (result.raw - expected).abs().max() <= 1e-4
+    assert expected.std() > 1e-3  # the comparison is not between two constant maps
+
+
+@pytest.mark.parametrize("kind, theirs", [("attn_out", tl_patching.get_act_patch_attn_out),
+                                          ("resid_mid", tl_patching.get_act_patch_resid_mid)])
+def test_other_registered_activations_equal_transformer_lens(kind, theirs):
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    with torch.no_grad():
+        _, clean_cache = model.run_with_cache(clean.tokens)
+        expected = theirs(model, corrupted.tokens, clean_cache, lambda logits: metric(logits).mean())
+    result = activation_patch(model, clean.tokens, corrupted.tokens, metric, kind, "pos")
+    assert (result.raw - expected).abs().max() <= 1e-4
+
+
+def test_logit_diff_reads_clean_minus_corrupted_label_at_the_label_position():
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    logits = model(clean.tokens).detach()
+    for i in range(len(clean)):
+        pos, good, bad = clean.label_pos[i, 2], clean.labels[i, 2], corrupted.labels[i, 2]
+        assert metric(logits)[i].item() == pytest.approx((logits[i, pos, good] - logits[i, pos, bad]).item())
+
+
+def test_logit_diff_refuses_slots_the_corruption_leaves_unchanged(gen):
+    clean = LEGO.sample(8, gen)
+    corrupted, _ = LEGO.corrupt(clean, gen, depth=2)
+    with pytest.raises(ValueError, match="unchanged"):
+        logit_diff_metric(clean, corrupted, label_index=1)
+    with pytest.raises(ValueError, match="outside 0..3"):
+        logit_diff_metric(clean, corrupted, label_index=4)
+
+
+@pytest.mark.parametrize("task", [LEGO, COMPOSITE], ids=["lego", "composite"])
+def test_normalisation_whole_layer_zero_is_clean_and_untouched_positions_are_corrupted(task):
+    model, clean, corrupted, metric = counterfactual_setup(task)
+    whole = activation_patch(model, clean.tokens, corrupted.tokens, metric, "resid_pre", over=(), layers=[0])
+    assert whole.values.shape == (1,) and whole.values.item() == pytest.approx(1.0, abs=1e-4)
+    by_pos = patch_residual(model, clean.tokens, corrupted.tokens, metric, layers=[0]).values[0]
+    differs = (clean.tokens != corrupted.tokens).any(0)
+    assert by_pos[~differs].abs().max() <= 1e-5  # patching identical activations changes nothing
+    # each pair differs at exactly one token, so the positions' effects add up to the whole
+    assert by_pos.sum().item() == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("task", [LEGO, COMPOSITE], ids=["lego", "composite"])
+def test_corrupted_to_clean_noising_everything_gives_zero_and_nothing_gives_one(task):
+    model, clean, corrupted, metric = counterfactual_setup(task)
+    whole = activation_patch(model, clean.tokens, corrupted.tokens, metric, "resid_pre", over=(), layers=[0],
+                             direction="corrupted_to_clean")
+    assert whole.values.item() == pytest.approx(0.0, abs=1e-4)
+    by_pos = patch_residual(model, clean.tokens, corrupted.tokens, metric, layers=[0], direction="corrupted_to_clean")
+    differs = (clean.tokens != corrupted.tokens).any(0)
+    assert (by_pos.values[0][~differs] - 1).abs().max() <= 1e-5
+    assert by_pos.direction == "corrupted_to_clean"
+
+
+def test_chunk_size_does_not_change_results():
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    one_cell_per_run = patch_head_out_by_pos(model, clean.tokens, corrupted.tokens, metric, max_batch=1)
+    all_at_once = patch_head_out_by_pos(model, clean.tokens, corrupted.tokens, metric, max_batch=100_000)
+    assert torch.allclose(one_cell_per_run.raw, all_at_once.raw, atol=1e-5)
+
+
+def count_calls(module, counts, key, backward=False):
+    bump = lambda *_: counts.__setitem__(key, counts.get(key, 0) + 1)  # noqa: E731
+    return module.register_full_backward_hook(bump) if backward else module.register_forward_hook(bump)
+
+
+@pytest.mark.parametrize("patch", [patch_residual, patch_head_out_by_pos, patch_mlp_out])
+def test_patching_a_later_layer_never_reruns_earlier_blocks(patch):
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    counts = {}
+    handles = [count_calls(model.blocks[0], counts, "block0"), count_calls(model.blocks[1], counts, "block1")]
+    result = patch(model, clean.tokens, corrupted.tokens, metric, layers=[1], max_batch=40)  # 5 cells per run
+    for handle in handles:
+        handle.remove()
+    assert result.layers == [1] and result.raw.shape[0] == 1
+    assert counts["block0"] == 1  # the one cached run of clean and corrupted together
+    if patch is patch_residual:  # the cached run, then one run per chunk of 5 positions
+        assert counts["block1"] == 1 + math.ceil(clean.tokens.shape[1] / 5)
+
+
+def test_attribution_shapes_and_labels():
+    model, clean, corrupted, metric = counterfactual_setup(COMPOSITE)
+    n_pos, n_heads, n_layers = clean.tokens.shape[1], model.cfg.n_heads, model.cfg.n_layers
+    args = (model, clean.tokens, corrupted.tokens, metric)
+    assert attribute_head_out(*args).values.shape == (n_layers, n_heads)
+    by_pos = attribute_head_out_by_pos(*args)
+    assert by_pos.values.shape == (n_layers, n_pos, n_heads)
+    assert by_pos.axes == ("layer", "pos", "head_index") and by_pos.method == "attribution"
+    assert attribute_residual(*args).values.shape == (n_layers, n_pos)
+    json.dumps(by_pos.to_dict())
+
+
+def test_attribution_uses_one_forward_and_one_backward_pass():
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    counts = {}
+    handles = [count_calls(model.blocks[0], counts, "forward"), count_calls(model.unembed, counts, "backward", True)]
+    attribute_head_out_by_pos(model, clean.tokens, corrupted.tokens, metric)
+    for handle in handles:
+        handle.remove()
+    assert counts == {"forward": 1, "backward": 1}
+
+
+def nearly_equal_elements(eps):
+    """The LEGO model with the two z2 element tokens ('+', '-') embedded `eps` apart, so every
+    activation difference between clean and corrupted is O(eps): the first-order regime."""
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    plus, minus = LEGO.first_element, LEGO.first_element + 1
+    with torch.no_grad():
+        direction = model.W_E[minus] - model.W_E[plus]
+        model.W_E[minus] = model.W_E[plus] + eps * direction
+    return model, clean.tokens, corrupted.tokens, metric
+
+
+@pytest.mark.parametrize("kind, over", [("head_out", ("pos", "head_index")), ("resid_pre", ("pos",))])
+def test_attribution_approaches_exact_as_the_difference_shrinks(kind, over):
+    relative_errors = []
+    for eps in (1.0, 1e-2):
+        args = nearly_equal_elements(eps)
+        exact = activation_patch(*args, kind, over)
+        estimate = attribution_patch(*args, kind, over)
+        # compare effects in metric units: normalising divides by the mean effect over pairs,
+        # which cancels to ~0 on a random model and would amplify float noise
+        effect = exact.raw - exact.corrupted_metric
+        relative_errors.append(((estimate.raw - exact.raw).abs().max() / effect.abs().max()).item())
+    assert relative_errors[1] < 0.02 and relative_errors[1] < relative_errors[0] / 5
+
+
+def test_attribution_works_with_frozen_parameters():
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    expected = attribute_head_out(model, clean.tokens, corrupted.tokens, metric).values
+    model.requires_grad_(False)
+    assert torch.allclose(attribute_head_out(model, clean.tokens, corrupted.tokens, metric).values, expected)
+
+
+def test_cell_masks_cover_one_head_at_one_position():
+    masks = cell_masks(("pos", "head_index"), ("pos", "head_index"), {"pos": 3, "head_index": 2})
+    assert masks.shape == (6, 3, 2) and (masks.sum((1, 2)) == 1).all()
+    assert masks[2 * 1 + 0, 1, 0]  # row-major: cell (pos 1, head 0)
+    per_head = cell_masks(("pos", "head_index"), ("head_index",), {"pos": 3, "head_index": 2})
+    assert per_head.shape == (2, 3, 2) and per_head[1, :, 1].all() and not per_head[1, :, 0].any()
+
+
+def test_bad_inputs_get_errors_that_name_the_value():
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    args = (model, clean.tokens, corrupted.tokens, metric)
+    # with the jaxtyping import hook active, the shape check fires first (a TypeError)
+    with pytest.raises((ValueError, TypeError), match="corrupted_tokens"):
+        patch_residual(model, clean.tokens, corrupted.tokens[:, :-1], metric)
+    with pytest.raises(ValueError, match=r"'z' is unknown; use one of \['attn_out'"):
+        activation_patch(*args, "z")
+    with pytest.raises(ValueError, match="direction='sideways' is unknown"):
+        patch_residual(*args, direction="sideways")
+    with pytest.raises(ValueError, match="among"):
+        activation_patch(*args, "resid_pre", over=("head_index",))
+    with pytest.raises(ValueError, match=r"layers=\[2\]"):
+        patch_residual(*args, layers=[2])
+    with pytest.raises(ValueError, match="max_batch=0"):
+        patch_residual(*args, max_batch=0)
+    with pytest.raises(ValueError, match="one value per pair"):
+        patch_residual(model, clean.tokens, corrupted.tokens, lambda logits: metric(logits).mean())
+
+
+def test_benchmark_spearman_uses_tie_averaged_ranks():
+    a = torch.tensor([1.0, 2.0, 2.0, 3.0])
+    assert spearman(a, a) == pytest.approx(1.0)
+    assert spearman(a, -a) == pytest.approx(-1.0)
+    # the Pearson correlation of the ranks [1, 2.5, 2.5, 4] and [1, 3, 2, 4]
+    assert spearman(a, torch.tensor([1.0, 3.0, 2.0, 4.0])) == pytest.approx(0.9486833, abs=1e-6)
+
+
+def test_benchmark_runs_and_agrees_with_transformer_lens():
+    model = build_model(TINY_MODEL, COMPOSITE)
+    results = run_patching_benchmark(model, COMPOSITE, n_pairs=4, repeats=1)
+    assert results["max_abs_diff_vs_transformer_lens"] <= 1e-4
+    assert results["n_cells"] == 2 * COMPOSITE.n_ctx * 2
+    assert -1 <= results["spearman_head_out_by_pos"] <= 1

@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from interp.solutions import classify_composite, composite_verdict, last_learned_before_middle, learned_steps
+from models.config import ModelConfig
+from models.factory import build_model
+from tasks import CompositeConfig, CompositeTask
+
+
+@pytest.mark.parametrize(
+    ("seen", "inferential", "symmetric", "verdict"),
+    [(0.85, 0.9, 0.0, "unlearned"), (0.95, 0.8, 0.1, "inferential"), (0.99, 0.05, 0.93, "symmetric"),
+     (0.99, 0.4, 0.4, "mixed")],
+)
+def test_composite_verdict_rules(seen, inferential, symmetric, verdict):
+    assert classify_composite(seen, inferential, symmetric) == verdict
+
+
+def test_learned_steps_and_the_shortcut_signature():
+    metrics = [{"step": 100, "acc_per_var": [0.99, 0.5, 0.5, 0.96]},
+               {"step": 200, "acc_per_var": [0.99, 0.97, 0.5, 0.99]},
+               {"step": 300, "acc_per_var": [0.99, 0.98, 0.97, 0.99]}]
+    steps = learned_steps(metrics, 4)
+    assert steps == [100, 200, 300, 100]
+    assert last_learned_before_middle(steps) is True
+    assert last_learned_before_middle([100, 200, 300, 400]) is False
+    assert last_learned_before_middle([100, None, None, None]) is None
+
+
+def test_composite_verdict_of_a_symmetric_oracle_model():
+    """A model that answers exactly what a symmetric solution would: verdict symmetric, and the
+    evidence fields are filled."""
+    task = CompositeTask(CompositeConfig())
+    model = build_model(ModelConfig(n_layers=1, d_model=32, n_heads=1), task)
+    symmetric_shift = task.symmetric_shift
+    trained_shift = task.trained_shift
+
+    def oracle(tokens, hook):  # read key and pair off the tokens, answer like the mirror pair
+        anchors = task.anchor_mask(tokens)
+        first = anchors.int().argmax(-1)
+        rows = torch.arange(len(tokens))
+        a1, a2, key = tokens[rows, first], tokens[rows, first + 1], tokens[rows, first - 1]
+        pair = (a1 - 1) * 4 + (a2 - 1)
+        answer = key + torch.where(task.is_held_out[pair], symmetric_shift[pair], trained_shift[pair])
+        logits = torch.full((len(tokens), tokens.shape[1], task.d_vocab_out), -10.0)
+        logits[rows, -1, answer] = 10.0
+        return logits
+
+    state = {}
+    model.register_forward_pre_hook(lambda m, args: state.update(tokens=args[0]))
+    model.unembed.register_forward_hook(lambda m, args, out: oracle(state["tokens"], None))
+    verdict = composite_verdict(model, task, n=200)
+    assert verdict.verdict == "symmetric" and verdict.held_out_symmetric == 1.0 and verdict.seen_accuracy == 1.0
+    assert len(verdict.attention_flow["last->key"]) == 1 and verdict.cosine_same_target is not None
