@@ -33,7 +33,7 @@ def composite_cpu() -> RunConfig:
     return RunConfig(
         task=CompositeConfig(),
         model=ModelConfig(n_layers=2, d_model=128, n_heads=1, d_head=64, d_mlp=384, init_gamma=0.8),
-        train=TrainConfig(steps=1500, batch_size=256, lr=1e-3, warmup_steps=100, eval_every=100, checkpoint_every=500),
+        train=TrainConfig(steps=1000, batch_size=256, lr=1e-3, warmup_steps=100, eval_every=100, checkpoint_every=500),
     )
 
 
