@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("benchmark", help="task generation rate, training throughput and FLOP/s vs a matmul peak")
     bench.add_argument("--quick", action="store_true", help="shorter measurements (for tests)")
+    bench.add_argument("--patching", type=Path, metavar="RUN_DIR",
+                       help="instead: exact vs TransformerLens vs attribution patching on this trained run")
+    bench.add_argument("--label-index", type=int, default=0, help="with --patching: the label slot the metric reads")
     bench.set_defaults(run=_cmd_benchmark)
     return parser
 
@@ -177,6 +180,15 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
+    if args.patching:
+        from analyses.bench_patching import agreement_at_init, print_report, run_patching_benchmark
+        from models.runs import load_run
+
+        run = load_run(args.patching)
+        repeats = 1 if args.quick else 3
+        results = run_patching_benchmark(run.model, run.task, repeats=repeats, label_index=args.label_index)
+        print_report({**results, **agreement_at_init(run, 32, 0, args.label_index)})
+        return 0
     from analyses.benchmark import run_benchmarks
 
     run_benchmarks(quick=args.quick)

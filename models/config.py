@@ -30,6 +30,8 @@ class ModelConfig:
       from min_depth..n_layers; evaluation always uses all n_layers.
     positional: "standard" (learned absolute) or "rotary" (relative; rotary_dim = d_head / 2, so
       half of each head's dimensions match content regardless of distance).
+    identity_attention: per head trainable a_h, b_h (from 0) adding a_h X X^T to the scores and
+      b_h A_h X to the output (models/identity_attention.py); learns same-symbol attention fast.
     planted: hardcoded heads, {"layer.head": kind} with kind association / manipulation /
       broadcast and layer "*" for every layer (models/planted.py); the rest trains around them.
     """
@@ -46,6 +48,7 @@ class ModelConfig:
     min_depth: int | None = None
     n_ctx: int | None = None  # default: the task's sequence length
     positional: str = "standard"
+    identity_attention: bool = False
     planted: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from models.config import ModelConfig
+from models.identity_attention import install_identity_attention
 from models.planted import install_planted_heads
 from tasks import ConfigError, Task
 
@@ -43,6 +44,8 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
         model = HookedTransformer(tl_cfg)
         if cfg.init_gamma is not None:
             apply_init_scale(model, cfg.init_gamma)
+    if cfg.identity_attention:
+        install_identity_attention(model)  # before tying, so tied blocks share a_h, b_h
     if cfg.tie_layers:
         tie_layers(model)
     if cfg.planted:

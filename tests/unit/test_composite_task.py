@@ -72,3 +72,12 @@ def test_accuracy_reports_held_out_rates(gen):
 def test_bad_configs_name_the_value(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         CompositeConfig(**kwargs)
+
+
+def test_fixed_key_position(gen):
+    task = CompositeTask(CompositeConfig())
+    batch = task.sample(100, gen, split="test", key_pos=3)
+    assert (batch.latents["key_pos"] == 3).all() and (batch.tokens[:, 4] <= 4).all()
+    assert (batch.latents["key"] % 7 == 3).all()
+    with pytest.raises(ValueError, match="key_pos=7"):
+        task.sample(4, gen, key_pos=7)

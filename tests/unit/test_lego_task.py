@@ -100,3 +100,11 @@ def test_decode_is_readable():
 def test_bad_configs_name_the_value(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         LegoConfig(**kwargs)
+
+
+def test_aligned_sentences_share_one_layout(gen):
+    task = LegoTask(LegoConfig(n_vars=6, min_vars=2))
+    batch = task.sample(30, gen, aligned=True)
+    assert (batch.label_pos == batch.label_pos[0]).all()
+    assert (batch.latents["length"] == 6).all()
+    assert len({tuple(row) for row in batch.tokens.tolist()}) > 1  # contents still differ
