@@ -11,29 +11,36 @@ import time
 from pathlib import Path
 from typing import Any
 
+from transformer_lens import HookedTransformer
+
 from interp import plots
 from interp.attention import classify_heads
 from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual
 from interp.probes import composite_probe_map, lego_probe_map
 from interp.report import Report, figure_html, table_html
-from interp.solutions import composite_verdict, lego_verdict
+from interp.solutions import composite_verdict, lego_verdict, predictions
 from models.runs import LoadedRun
 from tasks import Batch, CompositeTask, LegoTask, seeded_generator
 
 ANALYSIS = "analysis.json"
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
+FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
 
 
-def counterfactual_pairs(task: LegoTask | CompositeTask, n: int, seed: int) -> tuple[Batch, Batch, int, str]:
+def counterfactual_pairs(
+    task: LegoTask | CompositeTask, n: int, seed: int, model: HookedTransformer | None = None
+) -> tuple[Batch, Batch, int, str]:
     """Aligned clean/corrupted pairs, the label slot the metric reads, and what was changed.
 
-    LEGO: flip the root clause's group element (every variable changes) and read the last
-    supervised variable. Composite: change the key, with every key at position 2."""
+    LEGO: flip the root clause's group element (every variable changes) and read the deepest
+    supervised variable the model gets right (>= 90% on these sentences; the deepest
+    supervised one when none is, or without a model). Composite: change the key, with every
+    key at position 2."""
     gen = seeded_generator(seed)
     if isinstance(task, LegoTask):
         clean = task.sample(n, gen, split="test", aligned=True)
         corrupted, _ = task.corrupt(clean, gen, depth=0)
-        slot = int(clean.loss_mask.any(0).nonzero().max())
+        slot = _deepest_fitted_slot(model, clean)
         return clean, corrupted, slot, f"group element at depth 0 flipped; metric at variable #{slot}"
     clean = task.sample(n, gen, split="test", pair_ids=None, key_pos=2)
     clean = clean.select(~clean.latents["held_out"])
@@ -41,8 +48,17 @@ def counterfactual_pairs(task: LegoTask | CompositeTask, n: int, seed: int) -> t
     return clean, corrupted, 0, "key changed; metric at the last position"
 
 
+def _deepest_fitted_slot(model: HookedTransformer | None, batch: Batch) -> int:
+    supervised = batch.loss_mask.any(0).nonzero()[:, 0].tolist()
+    if model is None:
+        return supervised[-1]
+    accuracy = (predictions(model, batch) == batch.labels).float().mean(0)
+    fitted = [slot for slot in supervised if accuracy[slot] >= FITTED_ACCURACY]
+    return (fitted or supervised)[-1]
+
+
 def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> dict[str, Any]:
-    clean, corrupted, slot, description = counterfactual_pairs(run.task, n_pairs, seed)
+    clean, corrupted, slot, description = counterfactual_pairs(run.task, n_pairs, seed, run.model)
     metric = logit_diff_metric(clean, corrupted, label_index=slot)
     device = next(run.model.parameters()).device
     args = (run.model, clean.tokens.to(device), corrupted.tokens.to(device), metric)
@@ -80,8 +96,10 @@ def _percolation_findings(slope: float | None, linearity: float | None, first: l
     if slope is None:
         return [f"probes: too few depths reach the threshold for a percolation slope (first layers {first})"]
     fit = "n/a: every depth reaches it at the same layer" if linearity is None else f"{linearity:.2f}"
-    return [f"probes: information percolates at {slope:.2f} layers per reasoning step (R^2 {fit}; "
-            f"first layer per depth {first})"]
+    n_depths = sum(layer is not None for layer in first)
+    caveat = " - two points always lie on a line" if n_depths == 2 else ""
+    return [f"probes: information percolates at {slope:.2f} layers per reasoning step (R^2 {fit} from {n_depths} "
+            f"depths{caveat}; first layer reaching 95% per depth {first})"]
 
 
 def write_analysis(run: LoadedRun, analysis: dict[str, Any]) -> Path:

@@ -187,8 +187,12 @@ def last_learned_before_middle(steps: list[int | None]) -> bool | None:
 def _lego_findings(v: LegoVerdict) -> list[str]:
     lines = []
     sup = [i for i, s in enumerate(v.supervised) if s]
-    if sup and all(v.acc_per_var[i] >= 0.98 for i in sup):
+    unfit = [i for i in sup if v.acc_per_var[i] < 0.98]
+    if sup and not unfit:
         lines.append(f"fits every supervised variable (#{sup[0]}..#{sup[-1]} >= 98%)")
+    elif unfit:
+        shown = ", ".join(f"#{i} ({v.acc_per_var[i]:.2f})" for i in unfit)
+        lines.append(f"does not fit supervised variable(s) {shown}: below 98% test accuracy")
     if v.extrapolation_gap is not None:
         lines.append(f"extrapolation gap (supervised - unsupervised mean accuracy): {v.extrapolation_gap:.3f}")
     if v.last_learned_before_middle:
