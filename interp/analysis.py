@@ -78,6 +78,7 @@ def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> dict[str
     tokens = task.sample(n_samples, seeded_generator(seed), split="test").tokens
     analysis: dict[str, Any] = {"run": str(run.path), "task": run.config.task.name}
     analysis["heads"] = classify_heads(model, task, tokens).to_dict()
+    analysis["heads"]["planted"] = run.config.model.planted  # hardcoded heads, not learned
     analysis["patching"] = patching_analysis(run, seed=seed)
     if isinstance(task, LegoTask):
         probes = lego_probe_map(model, task, seed=seed)
@@ -114,11 +115,20 @@ def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
     """Verdict, heads, patching and probes, appended to `report`."""
     report.add("Verdict", _verdict_html(analysis["verdict"]))
     heads = analysis["heads"]
-    report.add("Attention heads", figure_html(plots.head_score_heatmaps(heads["scores"], heads["labels"]),
+    planted = heads.get("planted") or {}
+    listed = ", ".join(f"{_head_name(where)} {kind}" for where, kind in planted.items())
+    note = f"<p>Planted (hardcoded, not learned) heads: {html.escape(listed)}.</p>" if planted else ""
+    report.add("Attention heads", note + figure_html(plots.head_score_heatmaps(heads["scores"], heads["labels"]),
                "Score per kind (0 = uniform attention, 1 = all mass on the kind's targets); * marks each head's label.")
                + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]]))
     report.add("Activation patching", _patching_html(analysis["patching"]))
     report.add("Probes", _probes_html(analysis["probes"]))
+
+
+def _head_name(where: str) -> str:
+    """`"1.0"` -> `"L1H0"` (`"*.0"` -> `"L*H0"`)."""
+    layer, _, head = where.partition(".")
+    return f"L{layer}H{head}"
 
 
 def _verdict_html(verdict: dict[str, Any]) -> str:

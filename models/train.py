@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,8 +91,10 @@ class Trainer:
         torch.set_flush_denormal(True)
         self._restore() if self.resume else self._start()
         train = self.cfg.train
+        # in a log file (no terminal) one line every 30 s, not a redraw every second
+        interval = 1.0 if sys.stderr.isatty() else 30.0
         bar = tqdm(total=train.steps, initial=self.step, disable=not self.progress, desc=self.run_dir.name,
-                   dynamic_ncols=True, mininterval=1.0)
+                   dynamic_ncols=True, mininterval=interval)
         record: dict[str, Any] = {}
         started = time.perf_counter() - self.elapsed
         while self.step < train.steps:
