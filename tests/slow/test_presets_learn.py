@@ -10,14 +10,12 @@ from models.runs import read_metrics
 pytestmark = pytest.mark.slow
 
 
-def test_demo_fits_the_first_two_variables_within_ten_minutes(tmp_path):
-    """What the lego-cpu preset does today: #0 and #1 fitted; #2 (the first association hop)
-    is not reached on CPU (analyses/RESULTS.md records the search), so it is not asserted."""
+def test_demo_fits_every_supervised_variable_within_ten_minutes(tmp_path):
     started = time.perf_counter()
     assert main(["demo", "--out", str(tmp_path / "demo"), "--no-progress"]) == 0
     assert time.perf_counter() - started < 600
     final = read_metrics(tmp_path / "demo")[-1]
-    assert final["acc_per_var"][0] >= 0.98 and final["acc_per_var"][1] >= 0.98
+    assert all(acc >= 0.98 for acc in final["acc_per_var"][:3])  # #0-#2, the supervised ones
     assert (tmp_path / "demo/report.html").exists()
 
 
