@@ -8,7 +8,7 @@ import pytest
 from analyses.cli import main
 from models.runs import read_metrics
 
-TINY = ["--set", "model.n_layers=2", "--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12",
+TINY = ["--set", "model.n_layers=2", "--set", "model.planted={}", "--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12",
         "--set", "train.batch_size=16", "--set", "train.eval_every=6", "--set", "train.eval_size=64",
         "--set", "train.warmup_steps=2", "--no-progress"]
 
