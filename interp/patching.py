@@ -41,6 +41,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from models.planted import set_context_tokens
 from tasks import Batch
 
 Metric = Callable[[Float[Tensor, "batch pos d_vocab_out"]], Float[Tensor, " batch"]]
@@ -299,6 +300,8 @@ def activation_patch(
     pre, post = ACTIVATIONS["resid_pre"], ACTIVATIONS["resid_post"]
     keep = {a.name(layer) for layer in sweep.layers for a in (pre, post, sweep.activation)}
     logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]), names_filter=lambda h: h in keep)
+    target_tokens = corrupted_tokens if direction == DIRECTIONS[0] else clean_tokens
+    set_context_tokens(model, target_tokens)  # planted heads: later runs start from a residual stream
     clean_metric, corrupted_metric = _baselines(metric, logits, n)
     source, target = _source_target(direction, n)
     cells = _cells(model, sweep, n_pos, clean_tokens.device)

@@ -91,19 +91,23 @@ def parse_planted(spec: dict[str, str], n_layers: int, n_heads: int) -> dict[int
 def install_planted_heads(model, task: Task, spec: dict[str, str]) -> None:
     """Replace the chosen heads' `hook_pattern` with planted patterns, as permanent hooks.
 
-    The token ids are captured by a forward pre-hook on the model. A forward that starts from a
+    The token ids are captured by a wrapper around the model's forward. A forward that starts from a
     residual stream (`start_at_layer`, as batched patching does) reuses the last token ids, tiled
     when the batch is a whole multiple of theirs (patch cells stacked as copies of the batch).
     """
     plan = parse_planted(spec, model.cfg.n_layers, model.cfg.n_heads)
     state: dict[str, Tensor] = {}
+    original_forward = model.forward
 
-    def remember_tokens(module, args, kwargs):
-        tokens = args[0] if args else kwargs.get("input")
-        if isinstance(tokens, Tensor) and not tokens.is_floating_point():
-            state["tokens"] = tokens
+    def forward_remembering_tokens(input, *args, **kwargs):
+        # wrap forward itself, not a forward pre-hook: TransformerLens's run_with_hooks calls
+        # model.forward directly, which skips nn.Module hooks
+        if isinstance(input, Tensor) and not input.is_floating_point():
+            state["tokens"] = input
+        return original_forward(input, *args, **kwargs)
 
-    model.register_forward_pre_hook(remember_tokens, with_kwargs=True)
+    model.forward = forward_remembering_tokens
+    model.planted_state = state
     for layer, heads in plan.items():
         model.add_hook(f"blocks.{layer}.attn.hook_pattern", _pattern_hook(heads, task, state), is_permanent=True)
     model.planted_plan = plan
@@ -122,3 +126,12 @@ def _pattern_hook(heads: dict[int, str], task: Task, state: dict[str, Tensor]):
         return pattern
 
     return hook
+
+
+def set_context_tokens(model, tokens: Int[Tensor, "batch pos"]) -> None:
+    """Tell planted heads which token ids the next forwards that start from a residual stream
+    belong to (patching runs copies of the *target* batch from block l on). No-op for models
+    without planted heads."""
+    state = getattr(model, "planted_state", None)
+    if state is not None:
+        state["tokens"] = tokens

@@ -69,3 +69,13 @@ def test_planted_heads_survive_training_steps_and_other_heads_learn(gen):
 def test_bad_planted_specs(spec, message):
     with pytest.raises(ConfigError, match=message):
         ModelConfig(n_layers=2, d_model=32, n_heads=4, planted=spec)
+
+
+def test_planted_heads_read_the_tokens_of_run_with_hooks_too(gen):
+    """TransformerLens's run_with_hooks calls model.forward directly (no nn.Module hooks): the
+    planted pattern must still come from the tokens of that run, not of an earlier one."""
+    model = build_model(ModelConfig(n_layers=2, d_model=32, n_heads=2, planted={"1.0": "association"}), LEGO)
+    tokens, other = LEGO.sample(4, gen).tokens, LEGO.sample(4, gen).tokens
+    expected = model(tokens)
+    model(other)
+    assert torch.equal(model.run_with_hooks(tokens, fwd_hooks=[]), expected)

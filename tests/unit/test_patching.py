@@ -242,3 +242,25 @@ def test_benchmark_runs_and_agrees_with_transformer_lens():
     assert results["max_abs_diff_vs_transformer_lens"] <= 1e-4
     assert results["n_cells"] == 2 * COMPOSITE.n_ctx * 2
     assert -1 <= results["spearman_head_out_by_pos"] <= 1
+
+
+def test_exact_patching_of_a_model_with_planted_heads_matches_transformer_lens(gen):
+    """Planted heads build their pattern from token ids; runs that start from a residual stream
+    must use the target's ids, not those of the stacked clean+corrupted run."""
+    from transformer_lens.patching import get_act_patch_attn_head_out_by_pos
+
+    from interp.patching import logit_diff_metric, patch_head_out_by_pos
+    from models.config import ModelConfig
+    from models.factory import build_model
+    from tasks import LegoConfig, LegoTask
+
+    task = LegoTask(LegoConfig(n_vars=6, n_supervised=3))
+    planted = {"1.0": "association", "2.0": "association"}
+    model = build_model(ModelConfig(n_layers=3, d_model=32, n_heads=2, planted=planted), task, seed=1)
+    clean = task.sample(8, gen, split="test", aligned=True)
+    corrupted, _ = task.corrupt(clean, gen, depth=0)
+    metric = logit_diff_metric(clean, corrupted, label_index=2)
+    ours = patch_head_out_by_pos(model, clean.tokens, corrupted.tokens, metric)  # leaves state behind
+    _, clean_cache = model.run_with_cache(clean.tokens)
+    theirs = get_act_patch_attn_head_out_by_pos(model, corrupted.tokens, clean_cache, lambda logits: metric(logits).mean())
+    assert (ours.raw - theirs).abs().max() <= 1e-4
