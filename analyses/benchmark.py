@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from analyses.bench_patching import best_times
 from models.factory import build_model, forward
 from models.presets import composite_cpu, lego_cpu
 from models.train import supervised_loss
@@ -22,13 +23,8 @@ from tasks import CompositeConfig, LegoConfig, make_task, seeded_generator
 
 
 def best_time(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of `repeats` runs, in seconds (the least disturbed by other processes)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    """The fastest of `repeats` runs, in wall-clock seconds (the least disturbed by other processes)."""
+    return best_times(fn, repeats)[0]
 
 
 def generation_rate(task_cfg, n: int, repeats: int) -> float:

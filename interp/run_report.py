@@ -59,14 +59,13 @@ def _attention_html(report: Report, run: LoadedRun, n_examples: int, seed: int) 
     batch = run.task.sample(n_examples, seeded_generator(seed), split="test")
     device = next(run.model.parameters()).device
     patterns = attention_patterns(run.model, batch.tokens.to(device))  # [layer, batch, head, q, k]
-    heads = [f"L{{}}H{h}" for h in range(run.model.cfg.n_heads)]
     parts = []
     for i in range(n_examples):
         strings = run.task.token_strings(batch.tokens[i])
         keep = _visible_length(strings)
         parts.append(f"<p class='example'>Example {i + 1}: {html.escape(' '.join(strings[:keep]))}</p>")
         for layer in range(run.model.cfg.n_layers):
-            names = [h.format(layer) for h in heads]
+            names = [f"L{layer}H{head}" for head in range(run.model.cfg.n_heads)]
             pattern = patterns[layer, i, :, :keep, :keep]
             parts.append(f"<div>Layer {layer}</div>" + report.attention_widget(strings[:keep], pattern, names, run.task.causal))
     return "".join(parts)

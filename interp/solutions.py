@@ -23,6 +23,7 @@ from transformer_lens import HookedTransformer
 
 from interp.attention import attention_patterns
 from tasks import Batch, CompositeTask, LegoTask, logits_at_labels, seeded_generator
+from tasks.base import uniform_choice
 
 SEEN_ACCURACY_TO_COUNT = 0.9  # below it a composite cell counts as not learned (PAPERS.md)
 LEARNED_ACCURACY = 0.95  # a LEGO variable counts as learned from the first evaluation at or above it
@@ -126,8 +127,7 @@ def last_token_similarity(model: HookedTransformer, task: CompositeTask, batch: 
 
 def _other_trained_pair(task: CompositeTask, pair: Tensor, gen: torch.Generator) -> Tensor:
     allowed = ~task.is_held_out.unsqueeze(0) & (torch.arange(len(task.pairs)).unsqueeze(0) != pair.unsqueeze(1))
-    scores = torch.rand(allowed.shape, generator=gen).masked_fill(~allowed, -1.0)
-    return scores.argmax(-1)
+    return uniform_choice(allowed, gen)
 
 
 def _last_residual(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_model"]:
