@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     study.add_argument("--workers", type=int, default=1, help="cells trained at once (default 1)")
     study.add_argument("--backend", choices=["local", "ray"], default="local", help="where cells run (default local)")
     study.add_argument("--address", help="with --backend ray: the cluster address (default: a local Ray instance)")
+    study.add_argument("--seeds", type=_seed_list, help="comma-separated training seeds replacing the study's own "
+                                                         "(e.g. 0,1; default: one at cpu scale, more at paper scale)")
     study.add_argument("--no-progress", action="store_true", help="no progress bars")
     study.set_defaults(run=_cmd_study)
 
@@ -198,6 +200,13 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seed_list(raw: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in raw.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a comma-separated list of integers") from None
+
+
 def _cmd_study(args: argparse.Namespace) -> int:
     from analyses.study import all_studies, run_study
 
@@ -209,7 +218,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers {args.workers} must be >= 1")
     started = time.perf_counter()
     results = run_study(args.name, args.out, args.scale, workers=args.workers, backend=args.backend,
-                        address=args.address, progress=not args.no_progress)
+                        address=args.address, progress=not args.no_progress, seeds=args.seeds)
     print(json.dumps(results.get("headline", {}), default=str))
     print(f"study {args.name} ({args.scale}) finished in {time.perf_counter() - started:.0f} s; "
           f"see {results.get('report', 'its folder')}")

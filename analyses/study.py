@@ -29,6 +29,11 @@ class StudyContext:
     backend: str = "local"
     address: str | None = None
     progress: bool = True
+    seeds: tuple[int, ...] | None = None  # `--seeds 0,1`: replaces the study's own seeds
+
+    def seeds_or(self, default: list[int]) -> list[int]:
+        """The seeds to train: the caller's when given, else the study's default for its scale."""
+        return list(self.seeds) if self.seeds else list(default)
 
     def run_cells(self, cells: dict, subdir: str = "runs") -> dict:
         from analyses.sweep import run_cells
@@ -74,6 +79,12 @@ def run_study(name: str, out: str | Path | None = None, scale: str = "cpu", **op
     """Run a study into `out` (default runs/studies/<name>-<scale>) and return its results."""
     if scale not in SCALES:
         raise ConfigError(f"--scale {scale!r} is unknown; use one of {SCALES}")
+    if options.get("seeds") is not None:
+        seeds = tuple(options["seeds"])
+        if not seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds) \
+                or len(set(seeds)) != len(seeds):
+            raise ConfigError(f"seeds {seeds} must be distinct non-negative integers")
+        options["seeds"] = seeds
     study = get_study(name)
     path = Path(out) if out is not None else Path("runs/studies") / f"{name}-{scale}"
     path.mkdir(parents=True, exist_ok=True)

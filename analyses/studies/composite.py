@@ -58,6 +58,13 @@ def phase_grid(scale: str) -> dict[str, list[Any]]:
             "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], "model.n_layers": [2, 3, 4, 5, 6]}
 
 
+def with_seeds(grid: dict[str, list[Any]], ctx: StudyContext) -> dict[str, list[Any]]:
+    """`grid` with the caller's `--seeds` as its first (slowest) axis; unchanged without them."""
+    if not ctx.seeds:
+        return grid
+    return {"train.seed": list(ctx.seeds), **{k: v for k, v in grid.items() if k != "train.seed"}}
+
+
 def contrast_gammas(scale: str) -> dict[str, float]:
     """The gammas of the mechanism study's symmetric and inferential models (paper: 0.5 vs 0.8;
     cpu: 0.5 vs 0.7, the symmetric and inferential depth-2 cells of the cpu phase diagram,
@@ -158,7 +165,7 @@ def phase_figure(table: dict[str, dict[str, Any]]) -> plt.Figure:
 
 def run_phase(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
-    grid = phase_grid(ctx.scale)
+    grid = with_seeds(phase_grid(ctx.scale), ctx)
     cells = grid_cells(base_config(ctx.scale), grid)
     points = dict(zip(cells, grid_points(grid)))
     trained = ctx.run_cells(cells, "runs")
@@ -305,7 +312,7 @@ def lr_wd_base(scale: str) -> RunConfig:
 
 def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
-    grid = lr_wd_grid(ctx.scale)
+    grid = with_seeds(lr_wd_grid(ctx.scale), ctx)
     cells = grid_cells(lr_wd_base(ctx.scale), grid)
     points = dict(zip(cells, grid_points(grid)))
     trained = ctx.run_cells(cells, "runs")

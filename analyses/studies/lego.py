@@ -88,9 +88,11 @@ def variant(scale: str, kind: str, seed: int = 0, layers: int | None = None, **t
     return RunConfig(task=dataclasses.replace(cfg.task, **task), model=model, train=train)
 
 
-def seeds(scale: str) -> list[int]:
-    """One seed at cpu scale (each model is minutes of CPU); three for the paper."""
-    return [0, 1, 2] if scale == "paper" else [0]
+def seeds(ctx: StudyContext) -> list[int]:
+    """The seeds of the comparisons: `--seeds` when given, else one at cpu scale (each model is
+    minutes of CPU) and three for the paper. Studies that analyse a single model (percolation,
+    shortcut) take the first."""
+    return ctx.seeds_or([0, 1, 2] if ctx.scale == "paper" else [0])
 
 
 def depths(scale: str) -> list[int]:
@@ -205,7 +207,7 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2", study: str = "lego
     suffix = "" if group == "z2" else f"-{group}"
     layer_options = depths(ctx.scale) if group == "z2" else depths(ctx.scale)[:1]
     cells = {cell_name(ctx.scale, kind, seed, layers, suffix): variant(ctx.scale, kind, seed, layers, group=group)
-             for layers in layer_options for kind in ("bert", "albert") for seed in seeds(ctx.scale)}
+             for layers in layer_options for kind in ("bert", "albert") for seed in seeds(ctx)}
     train_pool(ctx, cells)
     rows, table = accuracy_rows(ctx, cells)
     supervised = supervised_mask(next(iter(cells.values())))
@@ -237,7 +239,8 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2", study: str = "lego
 def percolation_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 3: the (layer x depth) probe map of BERT and ALBERT; is ALBERT's closer to one layer per step?"""
     layers = depths(ctx.scale)[-1]
-    cells = {cell_name(ctx.scale, kind, 0, layers): variant(ctx.scale, kind, 0, layers) for kind in ("bert", "albert")}
+    cells = {cell_name(ctx.scale, kind, seed, layers): variant(ctx.scale, kind, seed, layers)
+             for seed in seeds(ctx) for kind in ("bert", "albert")}
     train_pool(ctx, cells)
     maps, sections, headline = {}, [], {}
     n = {"tiny": (200, 200), "cpu": (3000, 2000), "paper": (3000, 2000)}[ctx.scale]
@@ -259,7 +262,7 @@ def stochastic_depth_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 4: ALBERT with a depth drawn per batch (full depth at test) vs fixed depth."""
     layers = depths(ctx.scale)[-1]
     cells = {cell_name(ctx.scale, kind, seed, layers): variant(ctx.scale, kind, seed, layers)
-             for kind in ("albert", "albert-sd") for seed in seeds(ctx.scale)}
+             for kind in ("albert", "albert-sd") for seed in seeds(ctx)}
     train_pool(ctx, cells)
     return _comparison(ctx, cells, "lego-stochastic-depth", "LEGO: stochastic depth for ALBERT (Figure 5)",
                        tuple(dict.fromkeys(name.rsplit("-s", 1)[0] for name in cells)))
@@ -267,16 +270,17 @@ def stochastic_depth_study(ctx: StudyContext) -> dict[str, Any]:
 
 def mimic_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 6: mimicking initialisation (association / conv heads learned on random tokens) vs random init."""
-    cells = {f"{kind}-s0": variant(ctx.scale, kind, 0) for kind in ("standard", "mimic")}
+    cells = {f"{kind}-s{seed}": variant(ctx.scale, kind, seed) for kind in ("standard", "mimic") for seed in seeds(ctx)}
     train_pool(ctx, cells)
-    mimic_file = pool_dir(ctx) / "mimic-s0" / MIMIC
-    extra = {"mimic_pretraining": json.loads(mimic_file.read_text())} if mimic_file.exists() else {}
+    mimic_files = {name: pool_dir(ctx) / name / MIMIC for name in cells if name.startswith("mimic-")}
+    extra = {"mimic_pretraining": {name: json.loads(f.read_text()) for name, f in mimic_files.items() if f.exists()}}
     return _comparison(ctx, cells, "lego-mimic", "LEGO: mimicking initialisation (Figure 6)", ("standard", "mimic"), extra)
 
 
 def hardcoded_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 8: association/manipulation/broadcast heads hardcoded in every layer, alone and with learned heads."""
-    cells = {f"{kind}-s0": variant(ctx.scale, kind, 0) for kind in ("standard", "hardcoded", "hybrid3")}
+    cells = {f"{kind}-s{seed}": variant(ctx.scale, kind, seed) for kind in ("standard", "hardcoded", "hybrid3")
+             for seed in seeds(ctx)}
     train_pool(ctx, cells)
     return _comparison(ctx, cells, "lego-hardcoded", "LEGO: hardcoded attention vs hybrid vs standard",
                        ("standard", "hardcoded", "hybrid3"))
@@ -305,13 +309,14 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 7: (a) trained on every variable, is the last one learned first, and how is it
     computed? (b) supervising #0..#k-2 plus the last vs #0..#k-1: extrapolation to the middle."""
     n_sup = base_config(ctx.scale).task.n_supervised
+    seed = seeds(ctx)[0]
     cells = {
-        "standard-all-s0": variant(ctx.scale, "standard", 0, supervision="all"),
-        "bert-s0": variant(ctx.scale, "bert", 0),
-        "bert-lastsup-s0": variant(ctx.scale, "bert", 0, supervision="first+last", n_supervised=n_sup - 1),
+        f"standard-all-s{seed}": variant(ctx.scale, "standard", seed, supervision="all"),
+        f"bert-s{seed}": variant(ctx.scale, "bert", seed),
+        f"bert-lastsup-s{seed}": variant(ctx.scale, "bert", seed, supervision="first+last", n_supervised=n_sup - 1),
     }
     train_pool(ctx, cells)
-    all_name = "standard-all-s0"
+    all_name = f"standard-all-s{seed}"
     metrics = read_metrics(pool_dir(ctx) / all_name)
     n_vars = cells[all_name].task.n_vars
     steps = learned_steps(metrics, n_vars)
@@ -393,7 +398,7 @@ def _evidence_html(evidence: dict[str, Any]) -> str:
 
 def heads_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 5: head labels of every trained model in the pool, and the heads the answer depends on."""
-    cells = {f"{kind}-s0": variant(ctx.scale, kind, 0) for kind in ("bert", "albert")}
+    cells = {f"{kind}-s{seed}": variant(ctx.scale, kind, seed) for kind in ("bert", "albert") for seed in seeds(ctx)}
     train_pool(ctx, cells)
     names = sorted(p.name for p in pool_dir(ctx).iterdir() if finished(p))  # not one still training
     rows, per_model, counts = [], {}, {"association": 0, "manipulation": 0}

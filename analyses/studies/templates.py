@@ -83,6 +83,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 def run_efficiency(ctx: StudyContext) -> dict[str, Any]:
     s, started = SCALES[ctx.scale], time.perf_counter()
+    s = {**s, "seeds": ctx.seeds_or(s["seeds"])}
     template = "same_different"
     cells = {f"{v}-n{n}-s{seed}": cell_config(ctx.scale, template, n, aug, seed)
              for seed in s["seeds"] for v, aug in VARIANTS.items() for n in s["ns"]}

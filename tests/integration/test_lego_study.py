@@ -55,3 +55,21 @@ def test_cli_lists_the_studies_and_rejects_unknown_ones(capsys):
     assert all(name in listed for name in LEGO) and set(LEGO) <= set(all_studies())
     assert main(["study", "lego-nonsense", "--scale", "tiny"]) == 2
     assert main(["study", "lego-heads", "--scale", "huge"]) == 2
+
+
+def test_seeds_option_trains_every_seed_and_averages_them(root, capsys):
+    out = root / "seeded"
+    assert main(["study", "lego-extrapolation", "--scale", "tiny", "--seeds", "0,1", "--out", str(out),
+                 "--no-progress"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    pool = root / "lego-runs-tiny"
+    assert {"bert-s1", "albert-L3-s1"} <= set(results["final_acc"]) and (pool / "bert-s1" / "model.safetensors").exists()
+    assert read_config(pool / "bert-s1").train.seed == 1
+    rows = [results["final_acc"][name] for name in ("bert-s0", "bert-s1")]
+    mean = [round((a + b) / 2, 4) for a, b in zip(*rows)]
+    assert results["headline"]["bert_mean_acc_per_var"] == pytest.approx(mean, abs=1e-4)
+    with pytest.raises(SystemExit, match="2"):  # argparse rejects it with a usage message
+        main(["study", "lego-mimic", "--scale", "tiny", "--seeds", "1,x"])
+    assert "not a comma-separated list of integers" in capsys.readouterr().err
+    with pytest.raises(Exception, match="distinct"):
+        run_study("lego-mimic", root / "m", "tiny", seeds=[1, 1])
