@@ -2,7 +2,7 @@
 against exact, measured side by side in one process (ratios carry the message, not absolute
 times on a shared machine).
 
-    python -m analyses.bench_patching RUN_DIR [--n-pairs 32] [--seed 0] [--repeats 3]
+    python -m analyses.bench_patching RUN_DIR [--n-pairs 32] [--seed 0] [--repeats 3] [--ig-steps 2,4]
 
 Reports, on the same counterfactual pairs (the task's `corrupt()`, logit difference at one
 label slot): the time of `patch_head_out_by_pos` vs `transformer_lens.patching.
@@ -13,7 +13,9 @@ correlation of attribution with exact over head-output cells (target >= 0.8), bo
 number is picked: the same correlations for every label slot the corruption changes, and for
 the head where attribution misses most, the metric along the straight line from its corrupted
 to its clean output (`blend_curve`), with downstream MLPs or attention patterns held fixed.
-Attribution extrapolates the slope at the corrupted end of that line.
+Attribution extrapolates the slope at the corrupted end of that line. With --ig-steps, the
+same speed-up and correlations for integrated gradients (`steps=K`), which averages the slope
+over K points of the line between the two inputs' embeddings.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import contextlib
 import io
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -91,14 +93,30 @@ def transformer_lens_by_pos(model: Any, clean: Tensor, corrupted: Tensor, metric
         return get_act_patch_attn_head_out_by_pos(model, corrupted, clean_cache, lambda logits: metric(logits).mean())
 
 
-def attribution_agreement(model: Any, clean: Batch, corrupted: Batch, metric: Callable) -> dict[str, float]:
-    """Spearman correlation of attribution with exact patching over head-output cells, per
-    (layer, pos, head) and per (layer, head)."""
+def attribution_agreement(model: Any, clean: Batch, corrupted: Batch, metric: Callable, steps: int = 1) -> dict[str, float]:
+    """Spearman correlation of attribution (`steps` > 1: integrated gradients) with exact
+    patching over head-output cells, per (layer, pos, head) and per (layer, head)."""
     args = (model, clean.tokens, corrupted.tokens, metric)
     return {
-        "spearman_head_out_by_pos": spearman(attribute_head_out_by_pos(*args).values, patch_head_out_by_pos(*args).values),
-        "spearman_head_out": spearman(attribute_head_out(*args).values, patch_head_out(*args).values),
+        "spearman_head_out_by_pos": spearman(attribute_head_out_by_pos(*args, steps=steps).values,
+                                             patch_head_out_by_pos(*args).values),
+        "spearman_head_out": spearman(attribute_head_out(*args, steps=steps).values, patch_head_out(*args).values),
     }
+
+
+def integrated_gradients_tradeoff(model: Any, clean: Batch, corrupted: Batch, metric: Callable, time_exact: float,
+                                  cpu_exact: float, steps: Sequence[int], repeats: int) -> dict[str, float]:
+    """For each number of integrated-gradient steps: speed-up over the exact head-by-position
+    sweep (wall and CPU, timed in the same process) and the Spearman correlations with exact."""
+    args = (model, clean.tokens, corrupted.tokens, metric)
+    results: dict[str, float] = {}
+    for k in steps:
+        wall, cpu = best_times(lambda k=k: attribute_head_out_by_pos(*args, steps=k), repeats)
+        results[f"ig{k}_speedup_vs_exact"] = time_exact / wall
+        results[f"ig{k}_cpu_speedup_vs_exact"] = cpu_exact / cpu
+        results.update({f"ig{k}_{key}": value for key, value in
+                        attribution_agreement(model, clean, corrupted, metric, steps=k).items()})
+    return results
 
 
 def agreement_by_slot(model: Any, clean: Batch, corrupted: Batch) -> dict[str, float]:
@@ -160,6 +178,7 @@ def worst_missed_head(model: Any, clean: Batch, corrupted: Batch, metric: Callab
 
 def run_patching_benchmark(
     model: Any, task: Task, n_pairs: int = 32, seed: int = 0, repeats: int = 3, label_index: int = 0,
+    ig_steps: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Times and agreement of exact, TransformerLens and attribution patching on head outputs,
     with the logit difference at label slot `label_index` (LEGO: variable #label_index)."""
@@ -184,6 +203,7 @@ def run_patching_benchmark(
         **attribution_agreement(model, clean, corrupted, metric),
         **agreement_by_slot(model, clean, corrupted),
         **worst_missed_head(model, clean, corrupted, metric),
+        **integrated_gradients_tradeoff(model, clean, corrupted, metric, t_exact, cpu_exact, ig_steps, 3 * repeats),
     }
 
 
@@ -220,6 +240,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--label-index", type=int, default=0, help="label slot the metric reads (LEGO: variable #i)")
+    parser.add_argument("--ig-steps", default="", help="comma-separated integrated-gradient step counts to time and "
+                                                           "correlate too, e.g. 2,4,8 (default: none)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps the comparison fair on a busy machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -227,7 +249,9 @@ def main() -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         run = load_run(args.run_dir)
     print(f"run {run.path} ({run.config.task.name}), model {run.config.model}")
-    results = run_patching_benchmark(run.model, run.task, args.n_pairs, args.seed, args.repeats, args.label_index)
+    ig_steps = [int(k) for k in args.ig_steps.split(",") if k.strip()]
+    results = run_patching_benchmark(run.model, run.task, args.n_pairs, args.seed, args.repeats, args.label_index,
+                                     ig_steps)
     print_report({**results, **agreement_at_init(run, args.n_pairs, args.seed, args.label_index)})
 
 

@@ -418,19 +418,31 @@ def attribution_patch(
     *,
     direction: str = "clean_to_corrupted",
     layers: Sequence[int] | None = None,
+    steps: int = 1,
+    max_batch: int = DEFAULT_MAX_BATCH,
 ) -> PatchResult:
     """First-order estimate of `activation_patch` with the same arguments: the target's mean
     metric plus grad(mean metric) . (source - target) summed over each cell's entries.
 
-    One forward pass of each input and one backward pass of the target's, for all cells and
-    layers (the gradient is taken at the target run, the point exact patching patches into).
-    Exact where the metric is linear in the activation; it misses step-like effects of trained
-    models (saturated attention or MLPs, where the derivative is ~0 at both ends although the
-    patch flips the answer), so it is a screen to confirm with exact patching.
+    steps=1 (attribution patching, AtP): one forward pass of each input and one backward pass
+    of the target's, for all cells and layers (the gradient is taken at the target run, the
+    point exact patching patches into). Exact where the metric is linear in the activation; it
+    misses step-like effects of trained models (saturated attention or MLPs, where the
+    derivative is ~0 at both ends although the patch flips the answer), so it is a screen to
+    confirm with exact patching.
+
+    steps=K > 1 (integrated gradients, as in EAP-IG): the gradient is averaged over K points
+    (midpoints of K equal segments) of the straight line from the target's token embeddings to
+    the source's, so a step anywhere along the way is seen. About K times the work of steps=1,
+    run as stacked copies of the batch (`max_batch` samples per pass). Planted heads keep the
+    target's token ids along the line.
     """
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps={steps!r} must be an integer >= 1")
     sweep = _validate(model, clean_tokens, corrupted_tokens, kind, over, direction, layers)
     names = [sweep.activation.name(layer) for layer in sweep.layers]
-    sources, targets, grads, clean_metric, corrupted_metric = _first_order_terms(
+    terms = _first_order_terms if steps == 1 else partial(_integrated_terms, steps=steps, max_batch=max_batch)
+    sources, targets, grads, clean_metric, corrupted_metric = terms(
         model, clean_tokens, corrupted_tokens, metric, names, direction)
     cells = _cells(model, sweep, clean_tokens.shape[1], clean_tokens.device)
     flat_masks = cells.masks.flatten(1).to(grads[0].dtype)
@@ -477,28 +489,68 @@ def _first_order_terms(
     return source_acts, [a.detach() for a in target_acts], grads, clean_metric, corrupted_metric
 
 
+def _integrated_terms(
+    model: HookedTransformer, clean: Tensor, corrupted: Tensor, metric: Metric, names: list[str], direction: str,
+    *, steps: int, max_batch: int,
+) -> tuple[list[Tensor], list[Tensor], list[Tensor], float, float]:
+    """As `_first_order_terms`, with each gradient averaged over `steps` points of the line from
+    the target's token embeddings to the source's (integrated gradients, midpoint rule)."""
+    source_tokens, target_tokens = (clean, corrupted) if direction == DIRECTIONS[0] else (corrupted, clean)
+    n = clean.shape[0]
+    keep = set(names) | {"hook_embed"}
+    with torch.no_grad():
+        source_logits, source_cache = model.run_with_cache(source_tokens, names_filter=lambda h: h in keep)
+        target_logits, target_cache = model.run_with_cache(target_tokens, names_filter=lambda h: h in keep)
+    start, step = target_cache["hook_embed"], source_cache["hook_embed"] - target_cache["hook_embed"]
+    alphas = (torch.arange(steps, dtype=start.dtype, device=start.device) + 0.5) / steps
+    totals = [torch.zeros_like(target_cache[name]) for name in names]
+    per_pass = max(1, max_batch // n)  # line points per stacked pass
+    saved: dict[str, Tensor] = {}
+
+    def save(act: Tensor, hook: Any) -> Tensor:
+        saved[hook.name] = act
+        return act
+
+    for chunk in alphas.split(per_pass):
+        embedded = (start + chunk.view(-1, 1, 1, 1) * step).flatten(0, 1)  # [len(chunk) * n, pos, d_model]
+        hooks = [("hook_embed", lambda act, hook, e=embedded: e.detach().requires_grad_(True))]
+        hooks += [(name, save) for name in names]
+        with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
+            logits = model(target_tokens.repeat(len(chunk), 1))
+            # the mean over the line and the pairs: each chunk carries its share of the line
+            objective = sum(_mean_metric(metric, part) for part in logits.split(n)) / steps
+            grads = torch.autograd.grad(objective, [saved[name] for name in names], allow_unused=True)
+        for total, grad in zip(totals, grads):
+            if grad is not None:
+                total += grad.view(len(chunk), n, *grad.shape[1:]).sum(0)
+    clean_logits, corrupted_logits = (source_logits, target_logits)[:: 1 if direction == DIRECTIONS[0] else -1]
+    clean_metric, corrupted_metric = _baselines(metric, torch.cat([clean_logits, corrupted_logits]), n)
+    return ([source_cache[name] for name in names], [target_cache[name] for name in names], totals,
+            clean_metric, corrupted_metric)
+
+
 def attribute_residual(
     model: HookedTransformer, clean_tokens: Int[Tensor, "batch pos"], corrupted_tokens: Int[Tensor, "batch pos"],
-    metric: Metric, *, direction: str = "clean_to_corrupted", layers: Sequence[int] | None = None,
+    metric: Metric, *, direction: str = "clean_to_corrupted", layers: Sequence[int] | None = None, steps: int = 1,
 ) -> PatchResult:
     """Attribution estimate of `patch_residual`: layer x pos."""
     return attribution_patch(model, clean_tokens, corrupted_tokens, metric, "resid_pre", ("pos",),
-                             direction=direction, layers=layers)
+                             direction=direction, layers=layers, steps=steps)
 
 
 def attribute_head_out(
     model: HookedTransformer, clean_tokens: Int[Tensor, "batch pos"], corrupted_tokens: Int[Tensor, "batch pos"],
-    metric: Metric, *, direction: str = "clean_to_corrupted", layers: Sequence[int] | None = None,
+    metric: Metric, *, direction: str = "clean_to_corrupted", layers: Sequence[int] | None = None, steps: int = 1,
 ) -> PatchResult:
     """Attribution estimate of `patch_head_out`: layer x head_index."""
     return attribution_patch(model, clean_tokens, corrupted_tokens, metric, "head_out", ("head_index",),
-                             direction=direction, layers=layers)
+                             direction=direction, layers=layers, steps=steps)
 
 
 def attribute_head_out_by_pos(
     model: HookedTransformer, clean_tokens: Int[Tensor, "batch pos"], corrupted_tokens: Int[Tensor, "batch pos"],
-    metric: Metric, *, direction: str = "clean_to_corrupted", layers: Sequence[int] | None = None,
+    metric: Metric, *, direction: str = "clean_to_corrupted", layers: Sequence[int] | None = None, steps: int = 1,
 ) -> PatchResult:
     """Attribution estimate of `patch_head_out_by_pos`: layer x pos x head_index."""
     return attribution_patch(model, clean_tokens, corrupted_tokens, metric, "head_out", ("pos", "head_index"),
-                             direction=direction, layers=layers)
+                             direction=direction, layers=layers, steps=steps)

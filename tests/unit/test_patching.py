@@ -228,6 +228,33 @@ def test_attribution_approaches_exact_as_the_difference_shrinks(kind, over):
     assert relative_errors[1] < 0.02 and relative_errors[1] < relative_errors[0] / 5
 
 
+@pytest.mark.parametrize("direction", ["clean_to_corrupted", "corrupted_to_clean"])
+def test_integrated_gradients_are_complete_at_the_embeddings(direction):
+    """Integrated gradients along the embedding line: the estimates of patching each position of
+    the embeddings (resid_pre of block 0) add up to the whole change, source metric minus target
+    metric (completeness); one-step attribution does not, and more steps get closer."""
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    args = (model, clean.tokens, corrupted.tokens, metric, "resid_pre", ("pos",))
+    errors = {}
+    for steps in (1, 4, 32):
+        result = attribution_patch(*args, direction=direction, layers=[0], steps=steps)
+        target, source = ((result.corrupted_metric, result.clean_metric) if direction == "clean_to_corrupted"
+                          else (result.clean_metric, result.corrupted_metric))
+        errors[steps] = abs((result.raw - target).sum().item() - (source - target)) / abs(source - target)
+    assert errors[32] < 0.01 and errors[32] < errors[4] < errors[1]
+
+
+def test_integrated_gradients_do_not_depend_on_the_pass_size():
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    args = (model, clean.tokens, corrupted.tokens, metric)
+    one_pass = attribute_head_out_by_pos(*args, steps=6)
+    estimate = attribution_patch(*args, "head_out", ("pos", "head_index"), steps=6, max_batch=len(clean) * 4)
+    assert torch.allclose(estimate.raw, one_pass.raw, atol=1e-5)
+    assert not torch.allclose(one_pass.raw, attribute_head_out_by_pos(*args).raw, atol=1e-5)  # it is not AtP
+    with pytest.raises(ValueError, match="steps=0"):
+        attribute_head_out(*args, steps=0)
+
+
 def test_attribution_works_with_frozen_parameters():
     model, clean, corrupted, metric = counterfactual_setup(LEGO)
     expected = attribute_head_out(model, clean.tokens, corrupted.tokens, metric).values
@@ -273,10 +300,11 @@ def test_benchmark_spearman_uses_tie_averaged_ranks():
 
 def test_benchmark_runs_and_agrees_with_transformer_lens():
     model = build_model(TINY_MODEL, COMPOSITE)
-    results = run_patching_benchmark(model, COMPOSITE, n_pairs=4, repeats=1)
+    results = run_patching_benchmark(model, COMPOSITE, n_pairs=4, repeats=1, ig_steps=[2])
     assert results["max_abs_diff_vs_transformer_lens"] <= 1e-4
     assert results["n_cells"] == 2 * COMPOSITE.n_ctx * 2
     assert -1 <= results["spearman_head_out_by_pos"] <= 1
+    assert results["ig2_speedup_vs_exact"] > 0 and -1 <= results["ig2_spearman_head_out"] <= 1
 
 
 def test_exact_patching_of_a_model_with_planted_heads_matches_transformer_lens(gen):
