@@ -93,14 +93,22 @@ def transformer_lens_by_pos(model: Any, clean: Tensor, corrupted: Tensor, metric
         return get_act_patch_attn_head_out_by_pos(model, corrupted, clean_cache, lambda logits: metric(logits).mean())
 
 
-def attribution_agreement(model: Any, clean: Batch, corrupted: Batch, metric: Callable, steps: int = 1) -> dict[str, float]:
-    """Spearman correlation of attribution (`steps` > 1: integrated gradients) with exact
-    patching over head-output cells, per (layer, pos, head) and per (layer, head)."""
+def exact_head_patching(model: Any, clean: Batch, corrupted: Batch, metric: Callable) -> tuple[Tensor, Tensor]:
+    """Exact patching values per (layer, pos, head) and per (layer, head)."""
     args = (model, clean.tokens, corrupted.tokens, metric)
+    return patch_head_out_by_pos(*args).values, patch_head_out(*args).values
+
+
+def attribution_agreement(model: Any, clean: Batch, corrupted: Batch, metric: Callable, steps: int = 1,
+                          exact: tuple[Tensor, Tensor] | None = None) -> dict[str, float]:
+    """Spearman correlation of attribution (`steps` > 1: integrated gradients) with exact
+    patching (`exact_head_patching`, computed when not given) over head-output cells, per
+    (layer, pos, head) and per (layer, head)."""
+    args = (model, clean.tokens, corrupted.tokens, metric)
+    by_pos, per_head = exact if exact is not None else exact_head_patching(model, clean, corrupted, metric)
     return {
-        "spearman_head_out_by_pos": spearman(attribute_head_out_by_pos(*args, steps=steps).values,
-                                             patch_head_out_by_pos(*args).values),
-        "spearman_head_out": spearman(attribute_head_out(*args, steps=steps).values, patch_head_out(*args).values),
+        "spearman_head_out_by_pos": spearman(attribute_head_out_by_pos(*args, steps=steps).values, by_pos),
+        "spearman_head_out": spearman(attribute_head_out(*args, steps=steps).values, per_head),
     }
 
 
@@ -109,27 +117,32 @@ def integrated_gradients_tradeoff(model: Any, clean: Batch, corrupted: Batch, me
     """For each number of integrated-gradient steps: speed-up over the exact head-by-position
     sweep (wall and CPU, timed in the same process) and the Spearman correlations with exact."""
     args = (model, clean.tokens, corrupted.tokens, metric)
+    exact = exact_head_patching(model, clean, corrupted, metric) if steps else None
     results: dict[str, float] = {}
     for k in steps:
         wall, cpu = best_times(lambda k=k: attribute_head_out_by_pos(*args, steps=k), repeats)
         results[f"ig{k}_speedup_vs_exact"] = time_exact / wall
         results[f"ig{k}_cpu_speedup_vs_exact"] = cpu_exact / cpu
         results.update({f"ig{k}_{key}": value for key, value in
-                        attribution_agreement(model, clean, corrupted, metric, steps=k).items()})
+                        attribution_agreement(model, clean, corrupted, metric, k, exact).items()})
     return results
 
 
-def agreement_by_slot(model: Any, clean: Batch, corrupted: Batch) -> dict[str, float]:
-    """`attribution_agreement` for every label slot the corruption changes in all pairs, with
-    how well the model predicts that slot: all slots, so none is picked for its correlation."""
+def agreement_by_slot(model: Any, clean: Batch, corrupted: Batch, ig_steps: Sequence[int] = ()) -> dict[str, float]:
+    """`attribution_agreement` (one step, then each of `ig_steps`) for every label slot the
+    corruption changes in all pairs, with how well the model predicts that slot: all slots, so
+    none is picked for its correlation."""
     results: dict[str, float] = {}
     for slot in range(clean.labels.shape[1]):
         if not (clean.label_mask[:, slot] & (clean.labels[:, slot] != corrupted.labels[:, slot])).all():
             continue
         metric = logit_diff_metric(clean, corrupted, slot)
+        exact = exact_head_patching(model, clean, corrupted, metric)
         results[f"slot{slot}_label_accuracy"] = label_accuracy(model, clean, slot)
-        results.update({f"slot{slot}_{key}": value for key, value in
-                        attribution_agreement(model, clean, corrupted, metric).items()})
+        for k in (1, *ig_steps):
+            prefix = f"slot{slot}_" if k == 1 else f"slot{slot}_ig{k}_"
+            results.update({prefix + key: value for key, value in
+                            attribution_agreement(model, clean, corrupted, metric, k, exact).items()})
     return results
 
 
@@ -201,7 +214,7 @@ def run_patching_benchmark(
         "cpu_speedup_exact_vs_transformer_lens": cpu_tl / cpu_exact,
         "cpu_speedup_attribution_vs_exact": cpu_exact / cpu_attribution,
         **attribution_agreement(model, clean, corrupted, metric),
-        **agreement_by_slot(model, clean, corrupted),
+        **agreement_by_slot(model, clean, corrupted, ig_steps),
         **worst_missed_head(model, clean, corrupted, metric),
         **integrated_gradients_tradeoff(model, clean, corrupted, metric, t_exact, cpu_exact, ig_steps, 3 * repeats),
     }

@@ -185,6 +185,56 @@ def last_learned_before_middle(steps: list[int | None]) -> bool | None:
     return all(s is None or steps[-1] < s for s in middle) and any(s is None or s > steps[-1] for s in middle)
 
 
+@dataclass
+class ParityRule:
+    """The rule a model's answers for one Z2 variable follow best: the parity of a subset of the
+    sentence's root value (`x0`) and chain elements (`g0`, `g1`, ... in chain order), negated
+    when `negated`. The true value of #k is x0 + g0 + ... + gk."""
+
+    variable: int
+    terms: list[str]
+    negated: bool
+    agreement: float  # share of test sentences on which the model's answer equals the rule's
+    true_terms: list[str]
+    accuracy: float  # share on which it equals the true value
+
+    @property
+    def is_true_rule(self) -> bool:
+        return not self.negated and self.terms == self.true_terms
+
+    def describe(self) -> str:
+        return f"{'not ' if self.negated else ''}{' + '.join(self.terms) or '0'}"
+
+
+@torch.no_grad()
+def lego_parity_rules(model: HookedTransformer, task: LegoTask, n: int = 2000, seed: int = 0) -> list[ParityRule]:
+    """For each variable of a Z2 LEGO model, the parity rule (over every subset of root value and
+    chain elements, and its negation) its answers agree with most, on `n` test sentences.
+
+    Every true label is such a parity, so this names what a model that is wrong computes
+    instead: e.g. x0 + g0 + g2 + g3 for #3 is "#0's value, my parent's element and mine" (one
+    hop, then stop) rather than the chain. 2^(n_vars + 2) rules, scored at once.
+    """
+    if task.cfg.group != "z2":
+        raise ValueError(f"parity rules describe the z2 task; this task's group is {task.cfg.group!r}")
+    batch = task.sample(n, seeded_generator(seed), split="test")
+    answers = predictions(model, batch)
+    bits = torch.cat([batch.latents["root"][:, None], batch.latents["elements"]], 1).float()  # [n, 1 + n_vars]
+    n_terms = bits.shape[1]
+    subsets = ((torch.arange(2 ** n_terms)[:, None] >> torch.arange(n_terms)) & 1).float()  # [rules, terms]
+    rules = (bits @ subsets.T).long() % 2  # [n, rules]: index 0 = value "1", 1 = "-1", as in the labels
+    names = ["x0", *[f"g{i}" for i in range(n_terms - 1)]]
+    found = []
+    for k in range(answers.shape[1]):
+        agree = (rules == answers[:, k : k + 1]).float().mean(0)  # negation agrees 1 - agree
+        best = int(torch.maximum(agree, 1 - agree).argmax())
+        negated = bool(agree[best] < 0.5)
+        terms = [names[i] for i in range(n_terms) if subsets[best, i]]
+        found.append(ParityRule(k, terms, negated, round(max(agree[best].item(), 1 - agree[best].item()), 4),
+                                names[: k + 2], round((answers[:, k] == batch.labels[:, k]).float().mean().item(), 4)))
+    return found
+
+
 def _lego_findings(v: LegoVerdict) -> list[str]:
     lines = []
     sup = [i for i, s in enumerate(v.supervised) if s]

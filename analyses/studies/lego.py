@@ -32,7 +32,7 @@ from interp.attention import attention_patterns, classify_heads, mass_on_keys
 from interp.patching import logit_diff_metric, patch_head_out
 from interp.probes import lego_probe_map
 from interp.report import Report, figure_html, table_html
-from interp.solutions import last_learned_before_middle, learned_steps
+from interp.solutions import last_learned_before_middle, learned_steps, lego_parity_rules
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
 from models.runs import CONFIG, MIMIC, load_run, read_config, read_metrics, run_state
@@ -222,6 +222,7 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2", study: str = "lego
                 headline[f"{prefix}_first_unsupervised"] = mean[first]
                 headline[f"{prefix}_unsupervised_mean"] = round(float(np.mean(mean[first:])), 4)
     learned = {name: learned_steps(read_metrics(pool_dir(ctx) / name), len(supervised)) for name in table}
+    rules = _rules_of(ctx, table) if group == "z2" else {}
     sections = [
         ("Final accuracy per variable", figure_html(accuracy_figure(table, supervised, f"{group}: BERT vs ALBERT",
                                                                     chance(next(iter(cells.values())))),
@@ -232,8 +233,28 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2", study: str = "lego
         ("Step at which each variable reached 95%", table_html([[n, *s] for n, s in learned.items()],
                                                                ["model", *[f"#{i}" for i in range(len(supervised))]])),
     ]
+    if rules:
+        sections.append(("What each model computes (parity rules)", table_html(
+            [[n, *[f"{r['rule']} ({r['agreement']:.2f})" for r in model_rules]] for n, model_rules in rules.items()],
+            ["model", *[f"#{i}" for i in range(len(supervised))]])
+            + "<p>Per variable, the parity of root value x0 and chain elements g0, g1, ... that the model's test "
+              "answers agree with most (share in brackets; <code>interp.solutions.lego_parity_rules</code>). The "
+              "true value of #k is x0 + g0 + ... + gk.</p>"))
+        headline["unsupervised_rules"] = {n: [r["rule"] for r in model_rules[first:]] for n, model_rules in rules.items()}
     return finish(ctx, f"LEGO ({group}): BERT vs ALBERT, length extrapolation", sections,
-                  {"study": study, "scale": ctx.scale, "final_acc": table, "learned_step": learned, "headline": headline})
+                  {"study": study, "scale": ctx.scale, "final_acc": table, "learned_step": learned,
+                   "parity_rules": rules, "headline": headline})
+
+
+def _rules_of(ctx: StudyContext, names) -> dict[str, list[dict[str, Any]]]:
+    """`lego_parity_rules` of each trained model, on 2,000 test sentences (200 at tiny scale)."""
+    n = 200 if ctx.scale == "tiny" else 2000
+    found = {}
+    for name in names:
+        run = load_run(pool_dir(ctx) / name)
+        found[name] = [{"rule": r.describe(), "agreement": r.agreement, "accuracy": r.accuracy, "true": r.is_true_rule}
+                       for r in lego_parity_rules(run.model, run.task, n=n)]
+    return found
 
 
 def percolation_study(ctx: StudyContext) -> dict[str, Any]:

@@ -65,6 +65,9 @@ def test_seeds_option_trains_every_seed_and_averages_them(root, capsys):
     pool = root / "lego-runs-tiny"
     assert {"bert-s1", "albert-L3-s1"} <= set(results["final_acc"]) and (pool / "bert-s1" / "model.safetensors").exists()
     assert read_config(pool / "bert-s1").train.seed == 1
+    rules = results["parity_rules"]["albert-L3-s1"]  # what each model computes, variable by variable
+    assert len(rules) == 4 and all(0.5 <= r["agreement"] <= 1 for r in rules)
+    assert set(results["headline"]["unsupervised_rules"]) == set(results["final_acc"])
     rows = [results["final_acc"][name] for name in ("bert-s0", "bert-s1")]
     mean = [round((a + b) / 2, 4) for a, b in zip(*rows)]
     assert results["headline"]["bert_mean_acc_per_var"] == pytest.approx(mean, abs=1e-4)

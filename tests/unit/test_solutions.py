@@ -52,3 +52,37 @@ def test_composite_verdict_of_a_symmetric_oracle_model():
     verdict = composite_verdict(model, task, n=200)
     assert verdict.verdict == "symmetric" and verdict.held_out_symmetric == 1.0 and verdict.seen_accuracy == 1.0
     assert len(verdict.attention_flow["last->key"]) == 1 and verdict.cosine_same_target is not None
+
+
+def test_parity_rules_name_the_rule_a_scripted_lego_model_follows():
+    """A model scripted to answer #0-#2 correctly, then 'root, #0's element, my parent's element
+    and mine' (one hop, then stop) and a negated rule for the last: each rule is recovered."""
+    from interp.solutions import lego_parity_rules
+    from tasks import LegoConfig, LegoTask, seeded_generator
+
+    task = LegoTask(LegoConfig(n_vars=6, n_supervised=3))
+    model = build_model(ModelConfig(n_layers=1, d_model=16, n_heads=1), task)
+    batch = task.sample(300, seeded_generator(4), split="test")  # what lego_parity_rules(seed=4) draws
+    root, elements = batch.latents["root"], batch.latents["elements"]
+    answers = batch.labels.clone()
+    for k in (3, 4, 5):
+        answers[:, k] = (root + elements[:, 0] + elements[:, k - 1] + elements[:, k]) % 2
+    answers[:, 5] = 1 - answers[:, 5]
+
+    def scripted(module, args, out):
+        assert torch.equal(state["tokens"], batch.tokens)
+        logits = torch.full((*batch.tokens.shape, out.shape[-1]), -10.0)
+        rows = torch.arange(len(batch)).unsqueeze(1)
+        logits[rows, batch.label_pos, answers] = 10.0
+        return logits
+
+    state = {}
+    model.register_forward_pre_hook(lambda m, args: state.update(tokens=args[0]))
+    model.unembed.register_forward_hook(scripted)
+    rules = lego_parity_rules(model, task, n=300, seed=4)
+    assert [r.is_true_rule for r in rules] == [True, True, True, False, False, False]
+    assert rules[3].terms == ["x0", "g0", "g2", "g3"] and rules[3].agreement == 1.0 and not rules[3].negated
+    assert rules[5].negated and rules[5].terms == ["x0", "g0", "g4", "g5"] and rules[5].describe().startswith("not ")
+    assert 0.3 < rules[3].accuracy < 0.7  # the one-hop rule is right about half the time on #3
+    with pytest.raises(ValueError, match="s3"):
+        lego_parity_rules(model, LegoTask(LegoConfig(n_vars=6, group="s3")), n=10)
