@@ -222,7 +222,7 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2", study: str = "lego
                 headline[f"{prefix}_first_unsupervised"] = mean[first]
                 headline[f"{prefix}_unsupervised_mean"] = round(float(np.mean(mean[first:])), 4)
     learned = {name: learned_steps(read_metrics(pool_dir(ctx) / name), len(supervised)) for name in table}
-    rules = _rules_of(ctx, table) if group == "z2" else {}
+    rules = _rules_of(ctx, table)
     sections = [
         ("Final accuracy per variable", figure_html(accuracy_figure(table, supervised, f"{group}: BERT vs ALBERT",
                                                                     chance(next(iter(cells.values())))),
@@ -234,12 +234,7 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2", study: str = "lego
                                                                ["model", *[f"#{i}" for i in range(len(supervised))]])),
     ]
     if rules:
-        sections.append(("What each model computes (parity rules)", table_html(
-            [[n, *[f"{r['rule']} ({r['agreement']:.2f})" for r in model_rules]] for n, model_rules in rules.items()],
-            ["model", *[f"#{i}" for i in range(len(supervised))]])
-            + "<p>Per variable, the parity of root value x0 and chain elements g0, g1, ... that the model's test "
-              "answers agree with most (share in brackets; <code>interp.solutions.lego_parity_rules</code>). The "
-              "true value of #k is x0 + g0 + ... + gk.</p>"))
+        sections.append(_rules_section(rules))
         headline["unsupervised_rules"] = {n: [r["rule"] for r in model_rules[first:]] for n, model_rules in rules.items()}
     return finish(ctx, f"LEGO ({group}): BERT vs ALBERT, length extrapolation", sections,
                   {"study": study, "scale": ctx.scale, "final_acc": table, "learned_step": learned,
@@ -247,14 +242,25 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2", study: str = "lego
 
 
 def _rules_of(ctx: StudyContext, names) -> dict[str, list[dict[str, Any]]]:
-    """`lego_parity_rules` of each trained model, on 2,000 test sentences (200 at tiny scale)."""
+    """`lego_parity_rules` of each trained Z2 model, on 2,000 test sentences (200 at tiny scale)."""
     n = 200 if ctx.scale == "tiny" else 2000
     found = {}
     for name in names:
         run = load_run(pool_dir(ctx) / name)
-        found[name] = [{"rule": r.describe(), "agreement": r.agreement, "accuracy": r.accuracy, "true": r.is_true_rule}
-                       for r in lego_parity_rules(run.model, run.task, n=n)]
+        if run.config.task.group == "z2":
+            found[name] = [{"rule": r.describe(), "agreement": r.agreement, "accuracy": r.accuracy, "true": r.is_true_rule}
+                           for r in lego_parity_rules(run.model, run.task, n=n)]
     return found
+
+
+def _rules_section(rules: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
+    n_vars = max(len(r) for r in rules.values())
+    return ("What each model computes (parity rules)", table_html(
+        [[n, *[f"{r['rule']} ({r['agreement']:.2f})" for r in model_rules]] for n, model_rules in rules.items()],
+        ["model", *[f"#{i}" for i in range(n_vars)]])
+        + "<p>Per variable, the parity of root value x0 and chain elements g0, g1, ... that the model's test "
+          "answers agree with most (share in brackets; <code>interp.solutions.lego_parity_rules</code>). The "
+          "true value of #k is x0 + g0 + ... + gk.</p>")
 
 
 def percolation_study(ctx: StudyContext) -> dict[str, Any]:
@@ -322,8 +328,11 @@ def _comparison(ctx: StudyContext, cells: dict[str, RunConfig], study: str, titl
          + table_html([[n, f"{v:.4f}"] for n, v in losses.items()], ["model", "final test loss (supervised)"])),
         ("Accuracy over training", "".join(curves_html(ctx, n, c, n) for n, c in cells.items())),
     ]
+    rules = _rules_of(ctx, table)
+    if rules:
+        sections.append(_rules_section(rules))
     return finish(ctx, title, sections, {"study": study, "scale": ctx.scale, "final_acc": table, "headline": headline,
-                                         **(extra or {})})
+                                         "parity_rules": rules, **(extra or {})})
 
 
 def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
@@ -364,9 +373,12 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
          + f"<p>Mean accuracy on the middle variables {middle} (unsupervised in both): {middle_acc}.</p>"
          + "".join(curves_html(ctx, n, cells[n], n) for n in table)),
     ]
+    rules = _rules_of(ctx, [name for name in cells if finished(pool_dir(ctx) / name)])
+    if rules:
+        sections.append(_rules_section(rules))
     return finish(ctx, "LEGO: the shortcut", sections,
                   {"study": "lego-shortcut", "scale": ctx.scale, "final_acc": table, "evidence": evidence,
-                   "headline": headline})
+                   "parity_rules": rules, "headline": headline})
 
 
 def _last_variable_evidence(ctx: StudyContext, name: str) -> dict[str, Any]:
