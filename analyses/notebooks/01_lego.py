@@ -37,7 +37,7 @@ from interp.attention import attention_patterns, classify_heads
 from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual
 from interp.probes import lego_probe_map
 from interp.report import figure_html, table_html
-from interp.solutions import lego_verdict
+from interp.solutions import lego_parity_rules, lego_verdict
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
 from models.runs import load_run
@@ -161,3 +161,16 @@ display(HTML(table_html(
     [[f"#{i}", acc, "yes" if sup else "no", step]
      for i, (acc, sup, step) in enumerate(zip(verdict.acc_per_var, verdict.supervised, verdict.learned_step))],
     ["variable", "test accuracy", "supervised", "learned at step"])))
+
+# %% [markdown]
+# ## 6. What each variable's answer computes
+# In Z2 every true value is a parity: #k = x0 + g0 + ... + gk (root value, then the chain's
+# group elements). The rule the model's answers agree with most, among all parities, says what
+# it computes where it is wrong. For example, x0 + g0 + g2 + g3 for #3 means "one hop, then stop",
+# and x0 + g0 + ... + g5 everywhere is the parity shortcut.
+
+# %%
+if task.cfg.group == "z2":  # parities describe Z2 only
+    rules = lego_parity_rules(model, task, n=S["n_verdict"])
+    display(HTML(table_html([[f"#{r.variable}", r.describe(), r.agreement, "yes" if r.is_true_rule else "no", r.accuracy]
+                             for r in rules], ["variable", "closest parity rule", "agreement", "true rule", "accuracy"])))
