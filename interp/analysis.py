@@ -18,7 +18,7 @@ from interp.attention import classify_heads
 from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual
 from interp.probes import composite_probe_map, lego_probe_map
 from interp.report import Report, figure_html, table_html
-from interp.solutions import composite_verdict, lego_verdict, predictions
+from interp.solutions import ParityRule, composite_verdict, lego_parity_rules, lego_verdict, predictions
 from models.runs import LoadedRun
 from tasks import Batch, CompositeTask, LegoTask, seeded_generator
 
@@ -84,6 +84,11 @@ def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> dict[str
         probes = lego_probe_map(model, task, seed=seed)
         verdict = lego_verdict(model, task, run.metrics, seed=seed).to_dict()
         verdict["findings"] += _percolation_findings(probes.slope, probes.linearity, probes.first_layer)
+        if task.cfg.group == "z2":
+            rules = lego_parity_rules(model, task, seed=seed)
+            verdict["parity_rules"] = [{"rule": r.describe(), "agreement": r.agreement, "true": r.is_true_rule}
+                                       for r in rules]
+            verdict["findings"] += _rule_findings(rules)
     else:
         probes = composite_probe_map(model, task, seed=seed)
         verdict = composite_verdict(model, task, seed=seed).to_dict()
@@ -91,6 +96,14 @@ def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> dict[str
     analysis["verdict"] = verdict
     analysis["seconds"] = round(time.perf_counter() - started, 2)
     return analysis
+
+
+def _rule_findings(rules: list[ParityRule]) -> list[str]:
+    """One line naming the variables whose answers follow another parity than the chain's."""
+    other = [f"#{r.variable} {r.describe()} ({r.agreement:.2f})" for r in rules if not r.is_true_rule]
+    if not other:
+        return ["every variable's answers follow its chain parity x0 + g0 + ... + gk"]
+    return ["answers follow another parity than the chain (x0 + g0 + ... + gk) on " + ", ".join(other)]
 
 
 def _percolation_findings(slope: float | None, linearity: float | None, first: list[int | None]) -> list[str]:
@@ -137,9 +150,12 @@ def _verdict_html(verdict: dict[str, Any]) -> str:
         rows = [[k, json.dumps(v)] for k, v in verdict.items() if k != "verdict"]
         return head + table_html(rows, ["evidence", "value"])
     items = "".join(f"<li>{html.escape(line)}</li>" for line in verdict["findings"])
-    rows = [[f"#{i}", a, "yes" if s else "no", verdict["learned_step"][i]]
+    rules = verdict.get("parity_rules")  # Z2 only
+    rows = [[f"#{i}", a, "yes" if s else "no", verdict["learned_step"][i],
+             *([f"{rules[i]['rule']} ({rules[i]['agreement']:.2f})"] if rules else [])]
             for i, (a, s) in enumerate(zip(verdict["acc_per_var"], verdict["supervised"]))]
-    return f"<ul>{items}</ul>" + table_html(rows, ["variable", "test accuracy", "supervised", "learned at step"])
+    header = ["variable", "test accuracy", "supervised", "learned at step", *(["closest parity rule"] if rules else [])]
+    return f"<ul>{items}</ul>" + table_html(rows, header)
 
 
 def _patching_html(patching: dict[str, Any]) -> str:

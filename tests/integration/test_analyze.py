@@ -25,6 +25,9 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
         assert analysis["verdict"]["verdict"] == "unlearned"  # 12 steps cannot fit the seen pairs
     else:
         assert len(analysis["probes"]["accuracy"]) == 3  # embedding + 2 blocks
+        rules = analysis["verdict"]["parity_rules"]  # what each variable's answers compute
+        assert len(rules) == len(analysis["verdict"]["acc_per_var"]) and "closest parity rule" in page
+        assert any("parity" in line for line in analysis["verdict"]["findings"])
 
 
 def test_analyze_needs_a_trained_run(tmp_path):
