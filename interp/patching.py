@@ -320,25 +320,51 @@ def _sweep_layer(
     """The metric's mean per cell of one layer, from stacked runs of one copy of the target
     batch per cell, `max_batch` samples at a time."""
     hook_name = activation.name(layer)
+    # every run below reaches the last block, except the cells of a local activation in it
+    reaches_last_block = not activation.local or layer + 1 < model.cfg.n_layers
+    final_hooks, metric = _narrowed_last_block(model, metric) if reaches_last_block else ([], metric)
     if not activation.local:  # block l's attention mixes positions: rerun block l per cell
-        outputs = _patched_runs(model, target_pre, layer, hook_name, source_act, cells.masks, max_batch)
+        outputs = _patched_runs(model, target_pre, layer, hook_name, source_act, cells.masks, max_batch,
+                                final_hooks=final_hooks)
     else:
         group_post = torch.cat(list(_patched_runs(model, target_pre, layer, hook_name, source_act, cells.groups,
                                                    max_batch, stop_at_layer=layer + 1)))
-        outputs = _runs_after_block(model, layer, cells, group_post, target_post, max_batch)
+        outputs = _runs_after_block(model, layer, cells, group_post, target_post, max_batch, final_hooks)
     return torch.stack([_mean_metric(metric, copy) for logits in outputs for copy in logits])
+
+
+def _narrowed_last_block(model: HookedTransformer, metric: Metric) -> tuple[list[tuple[str, Any]], Metric]:
+    """When the metric reads the logits at one known position per pair (`LogitDiff`), the last
+    block's MLP, the final norm and the unembedding need to run there only: a hook keeps just
+    those rows of the last block's resid_mid (its attention still sees every position), and the
+    returned metric reads position 0 of the narrowed logits. Other metrics and architectures
+    (parallel or no MLP, post-norm) run in full: ([], metric)."""
+    cfg = model.cfg
+    if not isinstance(metric, LogitDiff) or cfg.attn_only or cfg.parallel_attn_mlp \
+            or not hasattr(model.blocks[-1], "hook_resid_mid") or getattr(model.blocks[-1], "ln2", None) is None:
+        return [], metric
+    positions = metric.pos
+
+    def keep_label_rows(resid_mid: Tensor, hook: Any) -> Tensor:
+        rows = positions.to(resid_mid.device).repeat(resid_mid.shape[0] // len(positions))
+        return resid_mid[torch.arange(len(rows), device=resid_mid.device), rows].unsqueeze(1)  # [batch 1 d_model]
+
+    at_zero = LogitDiff(torch.zeros_like(positions), metric.clean_label, metric.corrupted_label)
+    return [(f"blocks.{cfg.n_layers - 1}.hook_resid_mid", keep_label_rows)], at_zero
 
 
 def _patched_runs(
     model: HookedTransformer, resid_pre: Tensor, layer: int, hook_name: str, source_act: Tensor, masks: Tensor,
-    max_batch: int, stop_at_layer: int | None = None,
+    max_batch: int, stop_at_layer: int | None = None, final_hooks: Sequence[tuple[str, Any]] = (),
 ) -> Iterator[Tensor]:
     """Blocks layer..stop on one copy of the target batch per mask, each copy's activation
-    patched where its mask is True; yields [mask batch ...] per chunk of masks."""
+    patched where its mask is True; yields [mask batch ...] per chunk of masks. `final_hooks`
+    (`_narrowed_last_block`) apply to runs that reach the logits."""
     n = resid_pre.shape[0]
+    extra = list(final_hooks) if stop_at_layer is None else []
     for chunk in masks.split(max(1, max_batch // n)):
         hook = partial(_patch_copies, source=source_act, masks=chunk)
-        with model.hooks(fwd_hooks=[(hook_name, hook)]):
+        with model.hooks(fwd_hooks=[(hook_name, hook), *extra]):
             out = model(resid_pre.repeat(len(chunk), 1, 1), start_at_layer=layer, stop_at_layer=stop_at_layer)
         yield out.view(len(chunk), n, *out.shape[1:])
 
@@ -352,6 +378,7 @@ def _patch_copies(act: Tensor, hook: Any, source: Tensor, masks: Tensor) -> Tens
 
 def _runs_after_block(
     model: HookedTransformer, layer: int, cells: _Cells, group_post: Tensor, target_post: Tensor, max_batch: int,
+    final_hooks: Sequence[tuple[str, Any]] = (),
 ) -> Iterator[Tensor]:
     """Blocks layer+1.. on one copy of the target batch per cell, starting from the residual
     stream after block l: the target's, except at the positions the cell changes, which come
@@ -360,7 +387,8 @@ def _runs_after_block(
     for chunk in torch.arange(len(cells.masks), device=target_post.device).split(max(1, max_batch // n)):
         where = cells.positions[chunk][:, None, :, None]  # [cell 1 pos 1]
         resid = torch.where(where, group_post[cells.group_of[chunk]], target_post)  # [cell batch pos d_model]
-        logits = model(resid.flatten(0, 1), start_at_layer=layer + 1)
+        with model.hooks(fwd_hooks=list(final_hooks)):
+            logits = model(resid.flatten(0, 1), start_at_layer=layer + 1)
         yield logits.view(len(chunk), n, *logits.shape[1:])
 
 
@@ -455,6 +483,17 @@ def attribution_patch(
     return _result(sweep, raw.view(cells.shape).cpu(), "attribution", clean_metric, corrupted_metric)
 
 
+def _narrowed_for(model: HookedTransformer, metric: Metric, names: list[str]) -> tuple[list[tuple[str, Any]], Metric]:
+    """`_narrowed_last_block` unless an activation read at `names` comes after the last block's
+    resid_mid (it would then have only the label rows)."""
+    last = f"blocks.{model.cfg.n_layers - 1}."
+    after = {last + h for h in ("hook_resid_mid", "hook_mlp_out", "hook_resid_post", "ln2.hook_normalized",
+                                "ln2.hook_scale", "mlp.hook_pre", "mlp.hook_post")}
+    if any(name in after for name in names):
+        return [], metric
+    return _narrowed_last_block(model, metric)
+
+
 def _first_order_terms(
     model: HookedTransformer, clean: Tensor, corrupted: Tensor, metric: Metric, names: list[str], direction: str,
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor], float, float]:
@@ -466,7 +505,8 @@ def _first_order_terms(
     target samples instead of all 2n (the source half would only receive zero gradients).
     """
     source_tokens, target_tokens = (clean, corrupted) if direction == DIRECTIONS[0] else (corrupted, clean)
-    with torch.no_grad():
+    final_hooks, metric = _narrowed_for(model, metric, names)
+    with torch.no_grad(), model.hooks(fwd_hooks=final_hooks):
         source_logits, source_cache = model.run_with_cache(source_tokens, names_filter=lambda h: h in names)
     saved: dict[str, Tensor] = {}
 
@@ -477,7 +517,7 @@ def _first_order_terms(
     # a leaf that needs grad at the embedding keeps every activation in the graph even when the
     # caller froze the parameters; no parameter gradient is computed (autograd.grad below)
     hooks = [("hook_embed", lambda act, hook: act.detach().requires_grad_(True))]
-    hooks += [(name, save) for name in names]
+    hooks += [(name, save) for name in names] + final_hooks
     with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
         target_logits = model(target_tokens)
         target_acts = [saved[name] for name in names]
@@ -498,7 +538,8 @@ def _integrated_terms(
     source_tokens, target_tokens = (clean, corrupted) if direction == DIRECTIONS[0] else (corrupted, clean)
     n = clean.shape[0]
     keep = set(names) | {"hook_embed"}
-    with torch.no_grad():
+    final_hooks, metric = _narrowed_for(model, metric, names)
+    with torch.no_grad(), model.hooks(fwd_hooks=final_hooks):
         source_logits, source_cache = model.run_with_cache(source_tokens, names_filter=lambda h: h in keep)
         target_logits, target_cache = model.run_with_cache(target_tokens, names_filter=lambda h: h in keep)
     start, step = target_cache["hook_embed"], source_cache["hook_embed"] - target_cache["hook_embed"]
@@ -514,7 +555,7 @@ def _integrated_terms(
     for chunk in alphas.split(per_pass):
         embedded = (start + chunk.view(-1, 1, 1, 1) * step).flatten(0, 1)  # [len(chunk) * n, pos, d_model]
         hooks = [("hook_embed", lambda act, hook, e=embedded: e.detach().requires_grad_(True))]
-        hooks += [(name, save) for name in names]
+        hooks += [(name, save) for name in names] + final_hooks
         with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
             logits = model(target_tokens.repeat(len(chunk), 1))
             # the mean over the line and the pairs: each chunk carries its share of the line

@@ -120,6 +120,30 @@ def test_corrupted_to_clean_noising_everything_gives_zero_and_nothing_gives_one(
     assert by_pos.direction == "corrupted_to_clean"
 
 
+@pytest.mark.parametrize("sweep", [patch_residual, patch_head_out_by_pos, patch_mlp_out])
+@pytest.mark.parametrize("task", [LEGO, COMPOSITE], ids=["lego_bidirectional", "composite_causal"])
+def test_running_the_last_block_at_the_label_position_only_changes_nothing(task, sweep):
+    """A LogitDiff metric reads one position, so the last block's MLP and the unembedding run
+    there only; any other callable gets the full forward pass. Both give the same values."""
+    model, clean, corrupted, metric = counterfactual_setup(task)
+    narrowed = sweep(model, clean.tokens, corrupted.tokens, metric)
+    full = sweep(model, clean.tokens, corrupted.tokens, lambda logits: metric(logits))
+    assert torch.allclose(narrowed.raw, full.raw, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind, over", [("head_out", ("pos", "head_index")), ("resid_pre", ("pos",)),
+                                        ("mlp_out", ("pos",)), ("resid_post", ("pos",))])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_attribution_with_the_narrowed_last_block_changes_nothing(kind, over, steps):
+    """The same for attribution; activations after the last block's resid_mid (mlp_out,
+    resid_post) need every position there, so they keep the full pass."""
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    args = (model, clean.tokens, corrupted.tokens)
+    narrowed = attribution_patch(*args, metric, kind, over, steps=steps)
+    full = attribution_patch(*args, lambda logits: metric(logits), kind, over, steps=steps)
+    assert torch.allclose(narrowed.raw, full.raw, atol=1e-5)
+
+
 def test_chunk_size_does_not_change_results():
     model, clean, corrupted, metric = counterfactual_setup(LEGO)
     one_cell_per_run = patch_head_out_by_pos(model, clean.tokens, corrupted.tokens, metric, max_batch=1)
