@@ -86,8 +86,7 @@ def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> dict[str
         verdict["findings"] += _percolation_findings(probes.slope, probes.linearity, probes.first_layer)
         if task.cfg.group == "z2":
             rules = lego_parity_rules(model, task, seed=seed)
-            verdict["parity_rules"] = [{"rule": r.describe(), "agreement": r.agreement, "true": r.is_true_rule}
-                                       for r in rules]
+            verdict["parity_rules"] = [r.summary() for r in rules]
             verdict["findings"] += _rule_findings(rules)
     else:
         probes = composite_probe_map(model, task, seed=seed)

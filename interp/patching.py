@@ -71,6 +71,7 @@ ACTIVATIONS: dict[str, Activation] = {
     "mlp_out": Activation("blocks.{layer}.hook_mlp_out", ("pos",)),
     "head_out": Activation("blocks.{layer}.attn.hook_z", ("pos", "head_index")),  # before W_O
 }
+AFTER_RESID_MID = ("resid_mid", "mlp_out", "resid_post")  # kinds read at or after a block's resid_mid
 
 
 @dataclass
@@ -469,9 +470,12 @@ def attribution_patch(
         raise ValueError(f"steps={steps!r} must be an integer >= 1")
     sweep = _validate(model, clean_tokens, corrupted_tokens, kind, over, direction, layers)
     names = [sweep.activation.name(layer) for layer in sweep.layers]
+    # an activation read at or after the last block's resid_mid needs every position there
+    reads_last_mlp = kind in AFTER_RESID_MID and model.cfg.n_layers - 1 in sweep.layers
+    final_hooks, metric = ([], metric) if reads_last_mlp else _narrowed_last_block(model, metric)
     terms = _first_order_terms if steps == 1 else partial(_integrated_terms, steps=steps, max_batch=max_batch)
     sources, targets, grads, clean_metric, corrupted_metric = terms(
-        model, clean_tokens, corrupted_tokens, metric, names, direction)
+        model, clean_tokens, corrupted_tokens, metric, names, direction, final_hooks)
     cells = _cells(model, sweep, clean_tokens.shape[1], clean_tokens.device)
     flat_masks = cells.masks.flatten(1).to(grads[0].dtype)
     target_metric = corrupted_metric if direction == DIRECTIONS[0] else clean_metric
@@ -483,19 +487,9 @@ def attribution_patch(
     return _result(sweep, raw.view(cells.shape).cpu(), "attribution", clean_metric, corrupted_metric)
 
 
-def _narrowed_for(model: HookedTransformer, metric: Metric, names: list[str]) -> tuple[list[tuple[str, Any]], Metric]:
-    """`_narrowed_last_block` unless an activation read at `names` comes after the last block's
-    resid_mid (it would then have only the label rows)."""
-    last = f"blocks.{model.cfg.n_layers - 1}."
-    after = {last + h for h in ("hook_resid_mid", "hook_mlp_out", "hook_resid_post", "ln2.hook_normalized",
-                                "ln2.hook_scale", "mlp.hook_pre", "mlp.hook_post")}
-    if any(name in after for name in names):
-        return [], metric
-    return _narrowed_last_block(model, metric)
-
-
 def _first_order_terms(
     model: HookedTransformer, clean: Tensor, corrupted: Tensor, metric: Metric, names: list[str], direction: str,
+    final_hooks: list[tuple[str, Any]],
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor], float, float]:
     """Source and target activations at `names`, the gradients of the target's mean metric with
     respect to the target's, and both baselines.
@@ -505,7 +499,6 @@ def _first_order_terms(
     target samples instead of all 2n (the source half would only receive zero gradients).
     """
     source_tokens, target_tokens = (clean, corrupted) if direction == DIRECTIONS[0] else (corrupted, clean)
-    final_hooks, metric = _narrowed_for(model, metric, names)
     with torch.no_grad(), model.hooks(fwd_hooks=final_hooks):
         source_logits, source_cache = model.run_with_cache(source_tokens, names_filter=lambda h: h in names)
     saved: dict[str, Tensor] = {}
@@ -531,14 +524,13 @@ def _first_order_terms(
 
 def _integrated_terms(
     model: HookedTransformer, clean: Tensor, corrupted: Tensor, metric: Metric, names: list[str], direction: str,
-    *, steps: int, max_batch: int,
+    final_hooks: list[tuple[str, Any]], *, steps: int, max_batch: int,
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor], float, float]:
     """As `_first_order_terms`, with each gradient averaged over `steps` points of the line from
     the target's token embeddings to the source's (integrated gradients, midpoint rule)."""
     source_tokens, target_tokens = (clean, corrupted) if direction == DIRECTIONS[0] else (corrupted, clean)
     n = clean.shape[0]
     keep = set(names) | {"hook_embed"}
-    final_hooks, metric = _narrowed_for(model, metric, names)
     with torch.no_grad(), model.hooks(fwd_hooks=final_hooks):
         source_logits, source_cache = model.run_with_cache(source_tokens, names_filter=lambda h: h in keep)
         target_logits, target_cache = model.run_with_cache(target_tokens, names_filter=lambda h: h in keep)

@@ -205,6 +205,10 @@ class ParityRule:
     def describe(self) -> str:
         return f"{'not ' if self.negated else ''}{' + '.join(self.terms) or '0'}"
 
+    def summary(self) -> dict[str, Any]:
+        """The rule as JSON: its text, agreement, the model's accuracy, and whether it is the chain's."""
+        return {"rule": self.describe(), "agreement": self.agreement, "accuracy": self.accuracy, "true": self.is_true_rule}
+
 
 @torch.no_grad()
 def lego_parity_rules(model: HookedTransformer, task: LegoTask, n: int = 2000, seed: int = 0) -> list[ParityRule]:

@@ -248,8 +248,7 @@ def _rules_of(ctx: StudyContext, names) -> dict[str, list[dict[str, Any]]]:
     for name in names:
         run = load_run(pool_dir(ctx) / name)
         if run.config.task.group == "z2":
-            found[name] = [{"rule": r.describe(), "agreement": r.agreement, "accuracy": r.accuracy, "true": r.is_true_rule}
-                           for r in lego_parity_rules(run.model, run.task, n=n)]
+            found[name] = [r.summary() for r in lego_parity_rules(run.model, run.task, n=n)]
     return found
 
 
