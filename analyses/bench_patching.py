@@ -113,11 +113,12 @@ def attribution_agreement(model: Any, clean: Batch, corrupted: Batch, metric: Ca
 
 
 def integrated_gradients_tradeoff(model: Any, clean: Batch, corrupted: Batch, metric: Callable, time_exact: float,
-                                  cpu_exact: float, steps: Sequence[int], repeats: int) -> dict[str, float]:
+                                  cpu_exact: float, steps: Sequence[int], repeats: int,
+                                  exact: tuple[Tensor, Tensor]) -> dict[str, float]:
     """For each number of integrated-gradient steps: speed-up over the exact head-by-position
-    sweep (wall and CPU, timed in the same process) and the Spearman correlations with exact."""
+    sweep (wall and CPU, timed in the same process) and the Spearman correlations with `exact`
+    (`exact_head_patching`)."""
     args = (model, clean.tokens, corrupted.tokens, metric)
-    exact = exact_head_patching(model, clean, corrupted, metric) if steps else None
     results: dict[str, float] = {}
     for k in steps:
         wall, cpu = best_times(lambda k=k: attribute_head_out_by_pos(*args, steps=k), repeats)
@@ -203,6 +204,7 @@ def run_patching_benchmark(
     t_tl, cpu_tl = best_times(lambda: transformer_lens_by_pos(*args), repeats)
     t_exact, cpu_exact = best_times(lambda: patch_head_out_by_pos(*args), repeats)
     t_attribution, cpu_attribution = best_times(lambda: attribute_head_out_by_pos(*args), 3 * repeats)
+    exact_values = (exact.values, patch_head_out(*args).values)  # what every agreement below compares with
     return {
         "n_pairs": n_pairs, "n_cells": exact.values.numel(), "label_index": label_index,
         "label_accuracy": label_accuracy(model, clean, label_index),
@@ -213,10 +215,11 @@ def run_patching_benchmark(
         "speedup_attribution_vs_exact": t_exact / t_attribution,
         "cpu_speedup_exact_vs_transformer_lens": cpu_tl / cpu_exact,
         "cpu_speedup_attribution_vs_exact": cpu_exact / cpu_attribution,
-        **attribution_agreement(model, clean, corrupted, metric),
+        **attribution_agreement(model, clean, corrupted, metric, exact=exact_values),
         **agreement_by_slot(model, clean, corrupted, ig_steps),
         **worst_missed_head(model, clean, corrupted, metric),
-        **integrated_gradients_tradeoff(model, clean, corrupted, metric, t_exact, cpu_exact, ig_steps, 3 * repeats),
+        **integrated_gradients_tradeoff(model, clean, corrupted, metric, t_exact, cpu_exact, ig_steps, 3 * repeats,
+                                        exact_values),
     }
 
 
