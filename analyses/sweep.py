@@ -97,8 +97,9 @@ def run_cells(cells: dict[str, RunConfig], root: str | Path, *, workers: int | N
     """Train every cell into `root/<name>` and return their results by name (in `cells` order).
 
     workers: cells trained at once (None: one per core). Finished and diverged cells are
-    skipped, partial ones resume, failed ones are retried. `root/cells.json` is rewritten as
-    each cell ends, so a killed sweep leaves an index of what it finished.
+    skipped, partial ones resume, failed ones are retried. `root/cells.json` is updated as each
+    cell ends, so a killed sweep leaves an index of what it finished; it keeps the entries of
+    earlier calls on the same root (a pool several studies fill) whose folders still exist.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"backend {backend!r} is unknown; use one of {BACKENDS}")
@@ -118,7 +119,7 @@ def run_cells(cells: dict[str, RunConfig], root: str | Path, *, workers: int | N
         results[result.name] = result
         bar.update(1)
         bar.set_postfix(_status_counts(results.values()))
-        _write_json(root / CELLS_INDEX, {k: results[k].to_dict() for k in jobs if k in results})
+        _update_index(root / CELLS_INDEX, {k: results[k].to_dict() for k in jobs if k in results})
 
     if backend == "ray":
         _run_ray(jobs, workers, address, record)
@@ -221,6 +222,18 @@ def _is_tty() -> bool:
 
 def _write_json(path: Path, value: Any) -> None:
     atomic_write_bytes(path, json.dumps(value, indent=1, default=float).encode())
+
+
+def _update_index(path: Path, entries: dict[str, Any]) -> None:
+    """Write `entries` into the index at `path`, keeping what is there for other cells whose
+    folders still exist. It is read just before each write: two sweeps filling one pool at once
+    lose an entry only when their writes interleave, and the losing sweep's next write restores it."""
+    try:
+        index = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        index = {}
+    kept = {name: entry for name, entry in index.items() if name not in entries and (path.parent / name).is_dir()}
+    _write_json(path, {**kept, **entries})
 
 
 # ---------------------------------------------------------------------------------------------

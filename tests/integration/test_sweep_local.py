@@ -3,6 +3,7 @@ recording diverged and crashed cells without stopping the others, retrying faile
 
 import json
 import os
+import shutil
 
 from analyses.cli import main
 from analyses.sweep import CellResult, _run_pool, run_cells
@@ -78,3 +79,14 @@ def test_pool_and_in_process_runs_give_the_same_numbers(tmp_path):
 
 def _without_time(final: dict) -> dict:
     return {k: v for k, v in final.items() if k != "elapsed_s"}
+
+
+def test_the_cells_index_keeps_earlier_sweeps_into_the_same_pool(tmp_path):
+    base = tiny_composite_run(steps=6)
+    run_cells({"first": base}, tmp_path, progress=False)
+    run_cells({"second": base.with_overrides(["train.seed=1"])}, tmp_path, progress=False)
+    assert set(json.loads((tmp_path / "cells.json").read_text())) == {"first", "second"}
+
+    shutil.rmtree(tmp_path / "first")  # a cell deleted from the pool leaves the index at the next write
+    run_cells({"second": base.with_overrides(["train.seed=1"])}, tmp_path, progress=False)
+    assert set(json.loads((tmp_path / "cells.json").read_text())) == {"second"}
