@@ -1,0 +1,143 @@
+"""Which cheap estimate of head-output patching agrees with exact patching, across trained runs:
+the evidence behind "attribution is a screen" (analyses/RESULTS.md, issue 3).
+
+    python -m analyses.attribution_variants RUN_DIR [RUN_DIR ...] [--slots 0,1,2] [--n-pairs 32]
+
+For each run and label slot, the Spearman correlation with exact patching (clean -> corrupted,
+the benchmark's pairs) of four estimates, by position (layer x pos x head) / per head (layer x
+head):
+- atp: one-step attribution patching (`attribute_head_out*`), the gradient at the corrupted run;
+- ln-frozen: the same with every LayerNorm scale held at its value in the corrupted run, so the
+  gradient does not see the norm's response (the linearisation used by LRP for transformers);
+- secant: ln-frozen, and each MLP's GELU passes back the secant slope between its corrupted and
+  clean pre-activations instead of its local derivative (DeepLIFT's rescale rule), so a neuron
+  that the patch switches on is seen;
+- ig2: integrated gradients with two steps (`steps=2`), about twice the work.
+atp, ln-frozen and secant cost one forward pass of each input and one backward pass; forward
+values are unchanged, only the gradient differs. ln-frozen and secant are experiments, not part
+of `interp.patching`: none of them agrees robustly enough across runs to offer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from analyses.bench_patching import counterfactual_pairs, spearman
+from interp.patching import (
+    attribute_head_out,
+    attribute_head_out_by_pos,
+    logit_diff_metric,
+    patch_head_out,
+    patch_head_out_by_pos,
+)
+from models.runs import load_run
+
+
+def _ln_scale_names(model: Any) -> list[str]:
+    return [name for name in model.hook_dict if name.endswith("hook_scale")]
+
+
+@contextmanager
+def frozen_norms(model: Any) -> Iterator[None]:
+    """Every LayerNorm scale is a constant for autograd (same forward values)."""
+    with model.hooks(fwd_hooks=[(name, lambda scale, hook: scale.detach()) for name in _ln_scale_names(model)]):
+        yield
+
+
+@contextmanager
+def secant_gelu(model: Any) -> Iterator[None]:
+    """In a pass with autograd on, each MLP's activation passes back the secant slope between this
+    pass's pre-activation and the one of the latest pass without autograd (attribution runs the
+    source input that way first), instead of its local derivative. Forward values unchanged."""
+    source_pre: dict[int, Tensor] = {}
+    target_pre: dict[int, Tensor] = {}
+
+    def record(pre: Tensor, hook: Any) -> Tensor:
+        (target_pre if torch.is_grad_enabled() else source_pre)[hook.layer()] = pre
+        return pre
+
+    def rescale(post: Tensor, hook: Any) -> Tensor:
+        if not torch.is_grad_enabled():
+            return post
+        layer = hook.layer()
+        pre, other = target_pre[layer], source_pre[layer]
+        slope = _secant_slope(model.blocks[layer].mlp.act_fn, pre.detach(), other)
+        return post.detach() + slope * (pre - pre.detach())
+
+    hooks = [(f"blocks.{layer}.mlp.hook_{kind}", fn) for layer in range(model.cfg.n_layers)
+             for kind, fn in (("pre", record), ("post", rescale))]
+    with model.hooks(fwd_hooks=hooks):
+        yield
+
+
+def _secant_slope(act_fn: Callable[[Tensor], Tensor], a: Tensor, b: Tensor, eps: float = 1e-4) -> Tensor:
+    """(f(b) - f(a)) / (b - a), and the derivative at the midpoint where |b - a| < eps."""
+    with torch.enable_grad():
+        mid = ((a + b) / 2).detach().requires_grad_(True)
+        local = torch.autograd.grad(act_fn(mid).sum(), mid)[0]
+    gap = b - a
+    close = gap.abs() < eps
+    return torch.where(close, local, (act_fn(b) - act_fn(a)) / torch.where(close, torch.ones_like(gap), gap))
+
+
+@contextmanager
+def secant_and_frozen_norms(model: Any) -> Iterator[None]:
+    with frozen_norms(model), secant_gelu(model):
+        yield
+
+
+@contextmanager
+def _plain(model: Any) -> Iterator[None]:
+    yield
+
+
+VARIANTS: dict[str, tuple[Callable[[Any], Any], int]] = {  # name: (gradient context, integrated-gradient steps)
+    "atp": (_plain, 1), "ln-frozen": (frozen_norms, 1), "secant": (secant_and_frozen_norms, 1), "ig2": (_plain, 2),
+}
+
+
+def variant_agreement(model: Any, task: Any, slot: int, n_pairs: int = 32, seed: int = 0) -> dict[str, tuple[float, float]]:
+    """Spearman with exact patching, (by position, per head), for every estimate in VARIANTS."""
+    clean, corrupted = counterfactual_pairs(task, n_pairs, seed)
+    args = (model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, slot))
+    by_pos, per_head = patch_head_out_by_pos(*args).values, patch_head_out(*args).values
+    agreement = {}
+    for name, (context, steps) in VARIANTS.items():
+        with context(model):
+            estimate_by_pos = attribute_head_out_by_pos(*args, steps=steps).values
+            estimate_per_head = attribute_head_out(*args, steps=steps).values
+        agreement[name] = (spearman(estimate_by_pos, by_pos), spearman(estimate_per_head, per_head))
+    return agreement
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="+", help="trained run folders")
+    parser.add_argument("--slots", default="0,1,2", help="comma-separated label slots (LEGO: variables)")
+    parser.add_argument("--n-pairs", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    slots = [int(s) for s in args.slots.split(",")]
+    print(f"Spearman with exact patching, by position / per head; slots {slots}")
+    for run_dir in args.run_dirs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            run = load_run(run_dir)
+        rows: dict[str, list[str]] = {name: [] for name in VARIANTS}
+        for slot in slots:
+            for name, (by_pos, per_head) in variant_agreement(run.model, run.task, slot, args.n_pairs, args.seed).items():
+                rows[name].append(f"#{slot} {by_pos:5.2f} / {per_head:5.2f}")
+        for name, cells in rows.items():
+            print(f"{run_dir:40s} {name:10s} " + "   ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
