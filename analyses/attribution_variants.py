@@ -29,13 +29,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from analyses.bench_patching import counterfactual_pairs, spearman
+from analyses.bench_patching import counterfactual_pairs
 from interp.patching import (
     attribute_head_out,
     attribute_head_out_by_pos,
     logit_diff_metric,
     patch_head_out,
     patch_head_out_by_pos,
+    spearman,
 )
 from models.runs import load_run
 

@@ -37,6 +37,7 @@ from interp.patching import (
     logit_diff_metric,
     patch_head_out,
     patch_head_out_by_pos,
+    spearman,
 )
 from models.factory import build_model
 from models.runs import load_run
@@ -53,19 +54,6 @@ def best_times(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     return min(wall), min(cpu)
-
-
-def average_ranks(x: Tensor) -> Tensor:
-    """1-based ranks of a flat tensor; tied values share their mean rank."""
-    _, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
-    ends = counts.cumsum(0).double()
-    return (ends - (counts.double() - 1) / 2)[inverse]
-
-
-def spearman(a: Tensor, b: Tensor) -> float:
-    """Spearman's rank correlation: the Pearson correlation of the (tie-averaged) ranks."""
-    ranks = torch.stack([average_ranks(a.flatten()), average_ranks(b.flatten())])
-    return torch.corrcoef(ranks)[0, 1].item()
 
 
 def counterfactual_pairs(task: Task, n_pairs: int, seed: int) -> tuple[Batch, Batch]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from transformer_lens import HookedTransformer
 
 from interp import plots
 from interp.attention import classify_heads
-from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual
+from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual, spearman
 from interp.probes import composite_probe_map, lego_probe_map
 from interp.report import Report, figure_html, table_html
 from interp.solutions import ParityRule, composite_verdict, lego_parity_rules, lego_verdict, predictions
@@ -25,6 +26,7 @@ from tasks import Batch, CompositeTask, LegoTask, seeded_generator
 ANALYSIS = "analysis.json"
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
+GOOD_AGREEMENT = 0.8  # Spearman of attribution with exact patching above which its ranking can stand in for exact
 
 
 def counterfactual_pairs(
@@ -62,12 +64,16 @@ def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> dict[
     metric = logit_diff_metric(clean, corrupted, label_index=slot)
     device = next(run.model.parameters()).device
     args = (run.model, clean.tokens.to(device), corrupted.tokens.to(device), metric)
+    heads, attribution = patch_head_out(*args), attribute_head_out(*args)
+    agreement = spearman(attribution.values, heads.values)
     return {
         "pairs": description, "n_pairs": len(clean),
         "tokens": run.task.token_strings(clean.tokens[0]),
         "residual": patch_residual(*args).to_dict(),
-        "heads": patch_head_out(*args).to_dict(),
-        "heads_attribution": attribute_head_out(*args).to_dict(),
+        "heads": heads.to_dict(),
+        "heads_attribution": attribution.to_dict(),
+        # how far to trust the estimate on this run (README, Known limits); None when a sweep is constant
+        "heads_attribution_spearman": agreement if math.isfinite(agreement) else None,
     }
 
 
@@ -170,8 +176,18 @@ def _patching_html(patching: dict[str, Any]) -> str:
     parts.append(figure_html(plots.heatmap(heads["values"], "head", "layer", "head outputs, exact", None, -1.0, 1.0),
                              "Exact patching of each head's output at all positions."))
     parts.append(figure_html(plots.heatmap(attribution["values"], "head", "layer", "head outputs, attribution", None, -1.0, 1.0),
-                             "Attribution patching (first-order estimate) of the same cells."))
+                             "Attribution patching (first-order estimate) of the same cells. " + _agreement_note(patching)))
     return "".join(parts)
+
+
+def _agreement_note(patching: dict[str, Any]) -> str:
+    agreement = patching.get("heads_attribution_spearman")  # absent in analyses written before it
+    if agreement is None:
+        return ""
+    trust = ("It ranks the heads as exact patching does." if agreement >= GOOD_AGREEMENT else
+             "It ranks the heads differently from exact patching here: read the exact map, and use attribution "
+             "only to screen (trained models respond to a head like a step, which a gradient misses).")
+    return f"Spearman correlation with exact: {agreement:.2f}. {trust}"
 
 
 def _probes_html(probes: dict[str, Any]) -> str:

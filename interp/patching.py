@@ -150,6 +150,23 @@ def logit_diff_metric(clean: Batch, corrupted: Batch, label_index: int = 0) -> L
     return LogitDiff(pos, clean.labels[:, label_index], corrupted.labels[:, label_index])
 
 
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman's rank correlation of two sweeps' values over the same cells (e.g. attribution
+    against exact): the Pearson correlation of their tie-averaged ranks. NaN when either is
+    constant."""
+    if a.shape != b.shape:
+        raise ValueError(f"cannot correlate sweeps of shapes {tuple(a.shape)} and {tuple(b.shape)}; use the same cells")
+    ranks = torch.stack([_average_ranks(a.flatten()), _average_ranks(b.flatten())])
+    return torch.corrcoef(ranks)[0, 1].item()
+
+
+def _average_ranks(x: Tensor) -> Tensor:
+    """1-based ranks of a flat tensor; tied values share their mean rank."""
+    _, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    return (ends - (counts.double() - 1) / 2)[inverse]
+
+
 def normalise(
     raw: Float[Tensor, "..."], clean_metric: float, corrupted_metric: float
 ) -> Float[Tensor, "..."]:

@@ -3,8 +3,10 @@
 import json
 
 import pytest
+import torch
 
 from analyses.cli import main
+from interp.patching import spearman
 from tests.integration.test_cli import TINY
 
 
@@ -18,7 +20,11 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     assert len(analysis["heads"]["labels"]) == 2  # layers
     assert analysis["patching"]["heads"]["method"] == "exact"
     assert analysis["patching"]["heads_attribution"]["method"] == "attribution"
+    # how far attribution can be trusted on this run: its rank agreement with the exact map beside it
+    exact, estimate = (torch.tensor(analysis["patching"][k]["values"]) for k in ("heads", "heads_attribution"))
+    assert analysis["patching"]["heads_attribution_spearman"] == pytest.approx(spearman(estimate, exact))
     page = (out / "report.html").read_text()
+    assert f"Spearman correlation with exact: {analysis['patching']['heads_attribution_spearman']:.2f}" in page
     for section in ["Verdict", "Attention heads", "Activation patching", "Probes", "Attention patterns"]:
         assert f"<h2>{section}</h2>" in page
     if task == "composite":
@@ -32,3 +38,11 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
 
 def test_analyze_needs_a_trained_run(tmp_path):
     assert main(["analyze", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("agreement, says", [(0.93, "ranks the heads as exact"), (0.31, "only to screen"), (None, "")])
+def test_the_report_says_how_far_attribution_agrees_with_exact(agreement, says):
+    from interp.analysis import _agreement_note
+
+    note = _agreement_note({"heads_attribution_spearman": agreement})
+    assert says in note and (agreement is None) == (note == "")

@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from analyses.bench_patching import run_patching_benchmark, spearman
+from analyses.bench_patching import run_patching_benchmark
 from interp.patching import (
     activation_patch,
     attribute_head_out,
@@ -18,6 +18,7 @@ from interp.patching import (
     patch_head_out_by_pos,
     patch_mlp_out,
     patch_residual,
+    spearman,
 )
 from models.factory import build_model
 from tasks import CompositeConfig, CompositeTask, LegoConfig, LegoTask, seeded_generator
@@ -314,12 +315,14 @@ def test_bad_inputs_get_errors_that_name_the_value():
         patch_residual(model, clean.tokens, corrupted.tokens, lambda logits: metric(logits).mean())
 
 
-def test_benchmark_spearman_uses_tie_averaged_ranks():
+def test_spearman_uses_tie_averaged_ranks_and_refuses_different_cells():
     a = torch.tensor([1.0, 2.0, 2.0, 3.0])
     assert spearman(a, a) == pytest.approx(1.0)
     assert spearman(a, -a) == pytest.approx(-1.0)
     # the Pearson correlation of the ranks [1, 2.5, 2.5, 4] and [1, 3, 2, 4]
     assert spearman(a, torch.tensor([1.0, 3.0, 2.0, 4.0])) == pytest.approx(0.9486833, abs=1e-6)
+    with pytest.raises(ValueError, match="same cells"):
+        spearman(a, a[:3])
 
 
 def test_benchmark_runs_and_agrees_with_transformer_lens():
