@@ -53,29 +53,34 @@ def frozen_norms(model: Any) -> Iterator[None]:
 
 
 @contextmanager
-def secant_gelu(model: Any) -> Iterator[None]:
+def secant_gelu(model: Any) -> Iterator[dict[str, dict[int, Tensor]]]:
     """In a pass with autograd on, each MLP's activation passes back the secant slope between this
-    pass's pre-activation and the one of the latest pass without autograd (attribution runs the
-    source input that way first), instead of its local derivative. Forward values unchanged."""
-    source_pre: dict[int, Tensor] = {}
-    target_pre: dict[int, Tensor] = {}
+    pass's pre-activation and the one of the latest pass without autograd, instead of its local
+    derivative. Forward values unchanged. One-step attribution runs the source input without
+    autograd and then the target with it, so the slope spans source -> target; integrated
+    gradients (steps > 1) runs both without autograd and is not supported. Yields the recorded
+    pre-activations by pass ("source", "target") and layer."""
+    recorded: dict[str, dict[int, Tensor]] = {"source": {}, "target": {}}
 
     def record(pre: Tensor, hook: Any) -> Tensor:
-        (target_pre if torch.is_grad_enabled() else source_pre)[hook.layer()] = pre
+        recorded["target" if torch.is_grad_enabled() else "source"][hook.layer()] = pre
         return pre
 
     def rescale(post: Tensor, hook: Any) -> Tensor:
         if not torch.is_grad_enabled():
             return post
         layer = hook.layer()
-        pre, other = target_pre[layer], source_pre[layer]
+        pre, other = recorded["target"][layer], recorded["source"].get(layer)
+        if other is None or other.shape != pre.shape:
+            raise ValueError(f"secant_gelu: layer {layer}'s pre-activation {tuple(pre.shape)} has no source pass of "
+                             "the same shape; run the source input without autograd first (one-step attribution)")
         slope = _secant_slope(model.blocks[layer].mlp.act_fn, pre.detach(), other)
         return post.detach() + slope * (pre - pre.detach())
 
     hooks = [(f"blocks.{layer}.mlp.hook_{kind}", fn) for layer in range(model.cfg.n_layers)
              for kind, fn in (("pre", record), ("post", rescale))]
     with model.hooks(fwd_hooks=hooks):
-        yield
+        yield recorded
 
 
 def _secant_slope(act_fn: Callable[[Tensor], Tensor], a: Tensor, b: Tensor, eps: float = 1e-4) -> Tensor:
@@ -99,7 +104,8 @@ def _plain(model: Any) -> Iterator[None]:
     yield
 
 
-VARIANTS: dict[str, tuple[Callable[[Any], Any], int]] = {  # name: (gradient context, integrated-gradient steps)
+VARIANTS: dict[str, tuple[Callable[[Any], Any], int]] = {  # name: (gradient context, integrated-gradient steps);
+    # secant_gelu supports one step only
     "atp": (_plain, 1), "ln-frozen": (frozen_norms, 1), "secant": (secant_and_frozen_norms, 1), "ig2": (_plain, 2),
 }
 
@@ -107,7 +113,8 @@ VARIANTS: dict[str, tuple[Callable[[Any], Any], int]] = {  # name: (gradient con
 def variant_agreement(model: Any, task: Any, slot: int, n_pairs: int = 32, seed: int = 0) -> dict[str, tuple[float, float]]:
     """Spearman with exact patching, (by position, per head), for every estimate in VARIANTS."""
     clean, corrupted = counterfactual_pairs(task, n_pairs, seed)
-    args = (model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, slot))
+    device = next(model.parameters()).device
+    args = (model, clean.tokens.to(device), corrupted.tokens.to(device), logit_diff_metric(clean, corrupted, slot))
     by_pos, per_head = patch_head_out_by_pos(*args).values, patch_head_out(*args).values
     agreement = {}
     for name, (context, steps) in VARIANTS.items():

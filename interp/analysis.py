@@ -26,7 +26,7 @@ from tasks import Batch, CompositeTask, LegoTask, seeded_generator
 ANALYSIS = "analysis.json"
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
-GOOD_AGREEMENT = 0.8  # Spearman of attribution with exact patching above which its ranking can stand in for exact
+GOOD_AGREEMENT = 0.8  # Spearman of attribution with exact patching from which the report calls the rankings in agreement
 
 
 def counterfactual_pairs(
@@ -181,12 +181,17 @@ def _patching_html(patching: dict[str, Any]) -> str:
 
 
 def _agreement_note(patching: dict[str, Any]) -> str:
-    agreement = patching.get("heads_attribution_spearman")  # absent in analyses written before it
-    if agreement is None:
+    if "heads_attribution_spearman" not in patching:  # an analysis written before it
         return ""
-    trust = ("It ranks the heads as exact patching does." if agreement >= GOOD_AGREEMENT else
-             "It ranks the heads differently from exact patching here: read the exact map, and use attribution "
-             "only to screen (trained models respond to a head like a step, which a gradient misses).")
+    agreement = patching["heads_attribution_spearman"]
+    if agreement is None:
+        return "Its agreement with exact patching is undefined: one of the two maps is constant."
+    gap = abs(patching["heads"]["clean_metric"] - patching["heads"]["corrupted_metric"])
+    if gap < MIN_METRIC_GAP:
+        return f"Spearman correlation with exact: {agreement:.2f}, of little meaning here (see the warning above)."
+    trust = ("Its ranking broadly agrees with exact patching; check the top heads in the exact map." if agreement >= GOOD_AGREEMENT
+             else "Its ranking differs from exact patching here: read the exact map, and use attribution only "
+                  "to screen (README, Known limits).")
     return f"Spearman correlation with exact: {agreement:.2f}. {trust}"
 
 

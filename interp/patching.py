@@ -153,9 +153,11 @@ def logit_diff_metric(clean: Batch, corrupted: Batch, label_index: int = 0) -> L
 def spearman(a: Tensor, b: Tensor) -> float:
     """Spearman's rank correlation of two sweeps' values over the same cells (e.g. attribution
     against exact): the Pearson correlation of their tie-averaged ranks. NaN when either is
-    constant."""
+    constant or holds a non-finite value (a diverged run must not get a plausible number)."""
     if a.shape != b.shape:
         raise ValueError(f"cannot correlate sweeps of shapes {tuple(a.shape)} and {tuple(b.shape)}; use the same cells")
+    if not (a.isfinite().all() and b.isfinite().all()):
+        return float("nan")
     ranks = torch.stack([_average_ranks(a.flatten()), _average_ranks(b.flatten())])
     return torch.corrcoef(ranks)[0, 1].item()
 

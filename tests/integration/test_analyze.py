@@ -40,9 +40,13 @@ def test_analyze_needs_a_trained_run(tmp_path):
     assert main(["analyze", str(tmp_path)]) == 2
 
 
-@pytest.mark.parametrize("agreement, says", [(0.93, "ranks the heads as exact"), (0.31, "only to screen"), (None, "")])
-def test_the_report_says_how_far_attribution_agrees_with_exact(agreement, says):
+@pytest.mark.parametrize("agreement, gap, says", [
+    (0.93, 5.0, "broadly agrees"), (0.8, 5.0, "broadly agrees"), (0.79, 5.0, "only to screen"),
+    (0.93, 0.1, "of little meaning"), (None, 5.0, "undefined"),
+])
+def test_the_report_says_how_far_attribution_agrees_with_exact(agreement, gap, says):
     from interp.analysis import _agreement_note
 
-    note = _agreement_note({"heads_attribution_spearman": agreement})
-    assert says in note and (agreement is None) == (note == "")
+    patching = {"heads_attribution_spearman": agreement, "heads": {"clean_metric": gap, "corrupted_metric": 0.0}}
+    assert says in _agreement_note(patching)
+    assert _agreement_note({"heads": patching["heads"]}) == ""  # analyses written before the field

@@ -28,10 +28,33 @@ def test_variants_keep_forward_values_and_change_the_estimate(context):
     plain, logits = attribute_head_out(*args), model(corrupted.tokens)
     with context(model):
         varied = attribute_head_out(*args)
+        with torch.no_grad():
+            model(clean.tokens)  # a full-width source pass, then a target pass with autograd on
         assert torch.equal(model(corrupted.tokens), logits)
     assert varied.corrupted_metric == plain.corrupted_metric and varied.clean_metric == plain.clean_metric
     assert not torch.allclose(varied.values, plain.values)
     assert not model.hook_dict["blocks.0.mlp.hook_post"].fwd_hooks  # the context removed its hooks
+
+
+def test_secant_slopes_span_the_clean_source_and_the_corrupted_target():
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    _, clean_cache = model.run_with_cache(clean.tokens)
+    _, corrupted_cache = model.run_with_cache(corrupted.tokens)
+    with secant_gelu(model) as recorded:
+        attribute_head_out(model, clean.tokens, corrupted.tokens, metric)
+    # layer 0 runs at full width; the last block's MLP only at the label rows, in both passes alike
+    assert torch.allclose(recorded["source"][0], clean_cache["blocks.0.mlp.hook_pre"])
+    assert torch.allclose(recorded["target"][0], corrupted_cache["blocks.0.mlp.hook_pre"])
+    assert recorded["source"][1].shape == recorded["target"][1].shape
+
+
+def test_secant_refuses_a_target_without_a_matching_source_pass():
+    model, clean, corrupted, metric = counterfactual_setup(LEGO)
+    with secant_gelu(model), pytest.raises(ValueError, match="no source pass"):
+        model(corrupted.tokens)  # autograd on, and no source recorded
+    with secant_gelu(model), pytest.raises(ValueError, match="no source pass"):
+        attribute_head_out(model, clean.tokens, corrupted.tokens, metric)  # the last block's source is narrowed
+        model(corrupted.tokens)  # ... so a full-width pass has no partner there
 
 
 def test_variant_agreement_reports_every_variant_as_a_correlation():

@@ -323,6 +323,8 @@ def test_spearman_uses_tie_averaged_ranks_and_refuses_different_cells():
     assert spearman(a, torch.tensor([1.0, 3.0, 2.0, 4.0])) == pytest.approx(0.9486833, abs=1e-6)
     with pytest.raises(ValueError, match="same cells"):
         spearman(a, a[:3])
+    assert math.isnan(spearman(a, torch.zeros(4)))  # a constant map has no ranking
+    assert math.isnan(spearman(torch.tensor([1.0, float("nan"), float("nan"), 4.0]), a))
 
 
 def test_benchmark_runs_and_agrees_with_transformer_lens():
