@@ -10,6 +10,8 @@ import json
 import math
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,21 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+@contextmanager
+def deterministic_on_cpu(device: torch.device) -> Iterator[None]:
+    """Deterministic kernels while training on CPU, so one seed gives the same weights on the
+    same number of threads: with two or more, the embedding's backward otherwise adds gradient
+    rows in a varying order (two 300-step lego-cpu runs on 2 threads differed by 1e-4 in the
+    weights). The previous setting is restored. Not on CUDA, where deterministic cuBLAS needs an
+    environment variable set before start-up."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(before or device.type == "cpu")
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
 def learning_rate(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up to `lr` over `warmup_steps`, then cosine decay to `min_lr` at `steps`."""
     if step < cfg.warmup_steps:
@@ -103,6 +120,10 @@ class Trainer:
         # denormal floats make CPU matmuls several times slower once small weights decay (large
         # init, gamma ~0.3); flushing them to zero changes no result we measure
         torch.set_flush_denormal(True)
+        with deterministic_on_cpu(self.device):
+            return self._fit()
+
+    def _fit(self) -> TrainResult:
         self._restore() if self.resume else self._start()
         train = self.cfg.train
         # in a log file (no terminal) one line every 30 s, not a redraw every second

@@ -103,3 +103,31 @@ def test_train_or_load_trains_once_then_loads_and_refuses_another_config(tmp_pat
     longer = tiny_lego_run(steps=30)
     with pytest.raises(ConfigError, match="another config"):
         train_or_load(longer, tmp_path / "r", progress=False)
+
+
+def test_training_kernels_are_deterministic_on_cpu_threads():
+    """The embedding's backward on two threads adds gradient rows in a varying order unless
+    deterministic kernels are on; `fit` turns them on, so one seed gives one set of weights."""
+    from models.factory import build_model
+    from models.train import deterministic_on_cpu, supervised_loss
+    from tasks import make_task, seeded_generator
+
+    cfg = tiny_lego_run()
+    task = make_task(cfg.task)
+    model = build_model(cfg.model, task, seed=0)
+    batch = task.sample(96, seeded_generator(0), split="train")  # > 1,000 token rows: the backward runs in parallel
+
+    def embedding_grad():
+        model.zero_grad(set_to_none=True)
+        supervised_loss(model(batch.tokens), batch).backward()
+        return model.embed.W_E.grad.clone()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with deterministic_on_cpu(torch.device("cpu")):
+            first = embedding_grad()
+            assert all(torch.equal(first, embedding_grad()) for _ in range(5))
+    finally:
+        torch.set_num_threads(threads)
+    assert not torch.are_deterministic_algorithms_enabled()  # restored for the caller
