@@ -189,10 +189,20 @@ def _agreement_note(patching: dict[str, Any]) -> str:
     gap = abs(patching["heads"]["clean_metric"] - patching["heads"]["corrupted_metric"])
     if gap < MIN_METRIC_GAP:
         return f"Spearman correlation with exact: {agreement:.2f}, of little meaning here (see the warning above)."
-    trust = ("Its ranking broadly agrees with exact patching; check the top heads in the exact map." if agreement >= GOOD_AGREEMENT
+    trust = ("Its ranking broadly agrees with exact patching." if agreement >= GOOD_AGREEMENT
              else "Its ranking differs from exact patching here: read the exact map, and use attribution only "
                   "to screen (README, Known limits).")
-    return f"Spearman correlation with exact: {agreement:.2f}. {trust}"
+    exact, estimate = (_largest_heads(patching[key]) for key in ("heads", "heads_attribution"))
+    listed = "; ".join(f"{label}: " + ", ".join(f"{name} {value:.2f}" for name, value in heads)
+                       for label, heads in (("exact", exact), ("attribution", estimate)))
+    return f"Spearman correlation with exact: {agreement:.2f}. {trust} Largest effects, {listed}."
+
+
+def _largest_heads(sweep: dict[str, Any], k: int = 3) -> list[tuple[str, float]]:
+    """The k heads of a per-head sweep with the largest |value|, as ("L1H2", value)."""
+    cells = [(f"L{layer}H{head}", value) for layer, row in zip(sweep["layers"], sweep["values"])
+             for head, value in enumerate(row)]
+    return sorted(cells, key=lambda cell: -abs(cell[1]))[:k]
 
 
 def _probes_html(probes: dict[str, Any]) -> str:

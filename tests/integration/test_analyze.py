@@ -47,6 +47,11 @@ def test_analyze_needs_a_trained_run(tmp_path):
 def test_the_report_says_how_far_attribution_agrees_with_exact(agreement, gap, says):
     from interp.analysis import _agreement_note
 
-    patching = {"heads_attribution_spearman": agreement, "heads": {"clean_metric": gap, "corrupted_metric": 0.0}}
-    assert says in _agreement_note(patching)
-    assert _agreement_note({"heads": patching["heads"]}) == ""  # analyses written before the field
+    heads = {"clean_metric": gap, "corrupted_metric": 0.0, "layers": [0, 1], "values": [[0.1, -0.7], [0.0, 0.3]]}
+    estimate = {"layers": [0, 1], "values": [[0.6, 0.0], [0.05, 0.2]]}
+    patching = {"heads_attribution_spearman": agreement, "heads": heads, "heads_attribution": estimate}
+    note = _agreement_note(patching)
+    assert says in note
+    if agreement is not None and gap > 1:  # the heads that matter most, by |effect|, from both maps
+        assert "exact: L0H1 -0.70, L1H1 0.30, L0H0 0.10; attribution: L0H0 0.60, L1H1 0.20, L1H0 0.05." in note
+    assert _agreement_note({"heads": heads}) == ""  # analyses written before the field
