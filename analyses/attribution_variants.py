@@ -23,21 +23,14 @@ from __future__ import annotations
 import argparse
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from analyses.bench_patching import counterfactual_pairs
-from interp.patching import (
-    attribute_head_out,
-    attribute_head_out_by_pos,
-    logit_diff_metric,
-    patch_head_out,
-    patch_head_out_by_pos,
-    spearman,
-)
+from analyses.bench_patching import attribution_agreement, counterfactual_pairs, exact_head_patching
+from interp.patching import logit_diff_metric
 from models.runs import load_run
 
 
@@ -99,29 +92,23 @@ def secant_and_frozen_norms(model: Any) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def _plain(model: Any) -> Iterator[None]:
-    yield
-
-
 VARIANTS: dict[str, tuple[Callable[[Any], Any], int]] = {  # name: (gradient context, integrated-gradient steps);
     # secant_gelu supports one step only
-    "atp": (_plain, 1), "ln-frozen": (frozen_norms, 1), "secant": (secant_and_frozen_norms, 1), "ig2": (_plain, 2),
+    "atp": (nullcontext, 1), "ln-frozen": (frozen_norms, 1), "secant": (secant_and_frozen_norms, 1), "ig2": (nullcontext, 2),
 }
 
 
 def variant_agreement(model: Any, task: Any, slot: int, n_pairs: int = 32, seed: int = 0) -> dict[str, tuple[float, float]]:
     """Spearman with exact patching, (by position, per head), for every estimate in VARIANTS."""
-    clean, corrupted = counterfactual_pairs(task, n_pairs, seed)
     device = next(model.parameters()).device
-    args = (model, clean.tokens.to(device), corrupted.tokens.to(device), logit_diff_metric(clean, corrupted, slot))
-    by_pos, per_head = patch_head_out_by_pos(*args).values, patch_head_out(*args).values
+    clean, corrupted = (batch.to(device) for batch in counterfactual_pairs(task, n_pairs, seed))
+    metric = logit_diff_metric(clean, corrupted, slot)
+    exact = exact_head_patching(model, clean, corrupted, metric)
     agreement = {}
     for name, (context, steps) in VARIANTS.items():
         with context(model):
-            estimate_by_pos = attribute_head_out_by_pos(*args, steps=steps).values
-            estimate_per_head = attribute_head_out(*args, steps=steps).values
-        agreement[name] = (spearman(estimate_by_pos, by_pos), spearman(estimate_per_head, per_head))
+            found = attribution_agreement(model, clean, corrupted, metric, steps, exact)
+        agreement[name] = (found["spearman_head_out_by_pos"], found["spearman_head_out"])
     return agreement
 
 
