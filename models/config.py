@@ -16,6 +16,7 @@ from tasks import TASK_CONFIGS, CompositeConfig, ConfigError, LegoConfig, Templa
 ACT_FNS = ("gelu", "relu", "silu", "gelu_new")
 NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre")
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
 POSITIONALS = ("standard", "rotary")
 
 
@@ -91,6 +92,14 @@ class TrainConfig:
       many samples, cycled in shuffled epochs.
     mimic_steps: before step 0, this many steps of mimicking pre-training on random tokens
       (heads 0 and 1 of every layer imitate conv and same-token patterns; models/mimic.py).
+    compile: run the training forward and backward through torch.compile (the first steps
+      pay its warm-up, about a minute on CPU); evaluation stays eager.
+    precision: "fp32", or "bf16" autocast for the training forward (where the device has bf16
+      kernels); weights, optimizer and evaluation stay fp32. Only fp32 without compile gives
+      bit-identical weights across runs of one seed (README).
+    identity_lr_scale: the identity-attention scalars a_h, b_h (model.identity_attention) train
+      at this multiple of the learning rate; they start at 0 and a same-symbol logit gap of a
+      few units needs a_h of order 1, hundreds of steps at Adam's lr 1e-3.
     """
 
     steps: int = 1000
@@ -107,8 +116,15 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     mimic_steps: int = 0
+    compile: bool = False
+    precision: str = "fp32"
+    identity_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision={self.precision!r} is unknown; use one of {PRECISIONS}")
+        if not self.identity_lr_scale > 0:
+            raise ConfigError(f"train.identity_lr_scale={self.identity_lr_scale} must be > 0")
         if self.mimic_steps < 0:
             raise ConfigError(f"train.mimic_steps={self.mimic_steps} must be >= 0")
         for name in ("steps", "batch_size", "eval_every", "eval_size", "checkpoint_every"):

@@ -6,12 +6,13 @@ on held-out data, atomic resumable checkpoints, and a stop with a clear message 
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from models.runs import (
 )
 from tasks import Batch, ConfigError, logits_at_labels, make_task, seeded_generator
 
+IDENTITY_SCALARS = ("identity_a", "identity_b")  # models/identity_attention.py
 EVAL_CHUNK = 1000  # samples per evaluation forward pass; bounds memory on long sequences
 
 
@@ -77,6 +79,37 @@ def deterministic_on_cpu(device: torch.device) -> Iterator[None]:
         torch.use_deterministic_algorithms(before)
 
 
+def bf16_supported(device: torch.device) -> bool:
+    """Whether the device has bf16 matmul kernels (CPU: oneDNN with AVX512-BF16 or AMX)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def check_precision(device: torch.device, precision: str) -> None:
+    if precision == "bf16" and not bf16_supported(device):
+        raise ConfigError(f"train.precision='bf16' but this {device.type} device has no bf16 kernels; use train.precision=fp32")
+
+
+def training_precision(device: torch.device, precision: str):
+    """bf16 autocast for the forward pass, or nothing for fp32."""
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def compiled_forward():
+    """`models.factory.forward` through torch.compile. The function is compiled, not the module,
+    so that what the model's own forward does around the blocks (planted heads remember the
+    tokens there) is traced too; it is unwrapped first, since dynamo cannot trace the runtime
+    type checkers the tests install around it. Dynamo's caches are cleared first: a graph
+    compiled for one model can otherwise be reused for another of the same shapes whose own
+    forward differs (measured: a planted model ran a plain model's graph), so one process
+    trains one compiled model at a time."""
+    torch._dynamo.reset()
+    return torch.compile(inspect.unwrap(forward))
+
+
 def learning_rate(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up to `lr` over `warmup_steps`, then cosine decay to `min_lr` at `steps`."""
     if step < cfg.warmup_steps:
@@ -101,6 +134,9 @@ class Trainer:
         self.device = resolve_device(cfg.train.device)
         self.model = build_model(cfg.model, self.task, seed=cfg.train.seed, device=self.device)
         self.optimizer = self._make_optimizer()
+        check_precision(self.device, cfg.train.precision)
+        # evaluation, patching and analysis use the eager model; only training steps are compiled
+        self.train_forward = compiled_forward() if cfg.train.compile else forward
         seed = cfg.train.seed
         self.data_gen, self.depth_gen = seeded_generator(seed), seeded_generator(seed + 1)
         # evaluation data comes from its own seeds, so it is the same however training is split
@@ -110,11 +146,19 @@ class Trainer:
         self.step, self.loss_sum, self.loss_count, self.elapsed = 0, 0.0, 0, 0.0
 
     def _make_optimizer(self) -> torch.optim.AdamW:
-        params = unique_parameters(self.model)
-        decay = [p for n, p in params.items() if n.rsplit(".", 1)[-1].startswith("W_")]
-        rest = [p for n, p in params.items() if not n.rsplit(".", 1)[-1].startswith("W_")]
-        groups = [{"params": decay, "weight_decay": self.cfg.train.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=self.cfg.train.lr)
+        """Weight decay on weight matrices only; the identity-attention scalars in a group of
+        their own when `identity_lr_scale` != 1 (each group's lr is the schedule's times its
+        `lr_scale`)."""
+        train, params = self.cfg.train, unique_parameters(self.model)
+        leaf = {n: n.rsplit(".", 1)[-1] for n in params}
+        scaled = {n for n in params if leaf[n] in IDENTITY_SCALARS} if train.identity_lr_scale != 1 else set()
+        decay = [p for n, p in params.items() if leaf[n].startswith("W_")]
+        rest = [p for n, p in params.items() if not leaf[n].startswith("W_") and n not in scaled]
+        groups = [{"params": decay, "weight_decay": train.weight_decay, "lr_scale": 1.0},
+                  {"params": rest, "weight_decay": 0.0, "lr_scale": 1.0}]
+        if scaled:
+            groups.append({"params": [params[n] for n in scaled], "weight_decay": 0.0, "lr_scale": train.identity_lr_scale})
+        return torch.optim.AdamW(groups, lr=train.lr)
 
     def fit(self) -> TrainResult:
         # denormal floats make CPU matmuls several times slower once small weights decay (large
@@ -173,8 +217,10 @@ class Trainer:
     def _train_step(self, batch: Batch) -> float:
         self.model.train()
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.step, self.cfg.train)
-        loss = supervised_loss(forward(self.model, batch.tokens, self._draw_depth()), batch)
+            group["lr"] = learning_rate(self.step, self.cfg.train) * group.get("lr_scale", 1.0)
+        with training_precision(self.device, self.cfg.train.precision):
+            logits = self.train_forward(self.model, batch.tokens, self._draw_depth())
+        loss = supervised_loss(logits.float(), batch)
         if not torch.isfinite(loss):
             self._record_divergence(loss.item())
         self.optimizer.zero_grad(set_to_none=True)

@@ -59,6 +59,16 @@ class LegoConfig:
     "first+last" (#0..#n_supervised-1 and the last variable, the shortcut study).
     min_vars: when below n_vars, each sentence's chain length is drawn from min_vars..n_vars
     and shorter sentences are padded (padding is never supervised nor scored).
+    biased_fraction, identity_prob: a training curriculum of mixed inputs (Abbe, Cornacchia &
+    Lotfi 2023, parities learned from biased plus uniform inputs). This fraction of training
+    sentences draw each clause's group element as the identity with probability identity_prob
+    (else uniformly among the others); the rest, and every test sentence, draw uniformly. In a
+    biased sentence a variable mostly equals its parent, so copying the parent's value through an
+    association hop pays off at first order; under uniform elements the hop's gain is an XOR and
+    its gradient starts at zero (analyses/RESULTS.md).
+    ordered_fraction: a curriculum of clause order. This fraction of training sentences list
+    their clauses in chain order (#0 first), where the parent clause is also the previous one;
+    the rest, and every test sentence, are shuffled.
     """
 
     name: str = "lego"
@@ -67,6 +77,9 @@ class LegoConfig:
     supervision: str = "first"
     n_supervised: int = 3
     min_vars: int | None = None
+    biased_fraction: float = 0.0
+    identity_prob: float = 0.9
+    ordered_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
@@ -81,6 +94,12 @@ class LegoConfig:
             raise ConfigError(f"task.n_supervised={self.n_supervised} is outside 1..n_vars={self.n_vars}")
         if self.min_vars is not None and not 1 <= self.min_vars <= self.n_vars:
             raise ConfigError(f"task.min_vars={self.min_vars} is outside 1..n_vars={self.n_vars}")
+        if not 0.0 <= self.biased_fraction <= 1.0:
+            raise ConfigError(f"task.biased_fraction={self.biased_fraction} is outside 0..1")
+        if not 0.0 <= self.ordered_fraction <= 1.0:
+            raise ConfigError(f"task.ordered_fraction={self.ordered_fraction} is outside 0..1")
+        if not 0.0 <= self.identity_prob <= 1.0:
+            raise ConfigError(f"task.identity_prob={self.identity_prob} is outside 0..1")
 
 
 class LegoTask:
@@ -117,15 +136,37 @@ class LegoTask:
         draws a mixture of chain lengths while the test split is always full length.
         `aligned=True` gives every sentence the same clause order (and full length), so that a
         position means the same thing in every row, as per-position patching needs."""
-        cfg, n_elements, n_values = self.cfg, len(self.group.elements), len(self.group.values)
+        cfg, n_values = self.cfg, len(self.group.values)
         latents = {
             "variables": torch.rand(n, len(VARIABLES), generator=gen).argsort(-1)[:, : cfg.n_vars],
-            "elements": torch.randint(n_elements, (n, cfg.n_vars), generator=gen),
+            "elements": self._draw_elements(n, gen, biased=split == "train" and not aligned),
             "root": torch.randint(n_values, (n,), generator=gen),
-            "order_keys": torch.rand(1 if aligned else n, cfg.n_vars, generator=gen).expand(n, -1),
+            "order_keys": self._draw_order(n, gen, aligned, curriculum=split == "train" and not aligned),
             "length": self._draw_lengths(n, gen, full=split == "test" or aligned),
         }
         return self.build(latents)
+
+    def _draw_order(self, n: int, gen: torch.Generator, aligned: bool, curriculum: bool) -> Tensor:
+        """Sort keys of the clauses (slot order = ascending key): random, one shared order when
+        `aligned`, and chain order in an `ordered_fraction` of training rows."""
+        keys = torch.rand(1 if aligned else n, self.cfg.n_vars, generator=gen).expand(n, -1)
+        if not curriculum or self.cfg.ordered_fraction == 0.0:
+            return keys
+        ordered = torch.rand(n, 1, generator=gen) < self.cfg.ordered_fraction
+        chain = torch.linspace(0.0, 1.0, self.cfg.n_vars).expand(n, -1)
+        return torch.where(ordered, chain, keys)
+
+    def _draw_elements(self, n: int, gen: torch.Generator, biased: bool) -> Int[Tensor, "batch var"]:
+        """Group elements per clause: uniform, or in a `biased_fraction` of training rows the
+        identity (element 0) with probability `identity_prob`, else uniform among the others."""
+        n_elements, n_vars = len(self.group.elements), self.cfg.n_vars
+        uniform = torch.randint(n_elements, (n, n_vars), generator=gen)
+        if not biased or self.cfg.biased_fraction == 0.0:
+            return uniform
+        rows = torch.rand(n, 1, generator=gen) < self.cfg.biased_fraction
+        identity = torch.rand(n, n_vars, generator=gen) < self.cfg.identity_prob
+        other = 1 + torch.randint(n_elements - 1, (n, n_vars), generator=gen)
+        return torch.where(rows, torch.where(identity, 0, other), uniform)
 
     def _draw_lengths(self, n: int, gen: torch.Generator, full: bool) -> Int[Tensor, " batch"]:
         low = self.cfg.n_vars if full else self.cfg.min_vars or self.cfg.n_vars

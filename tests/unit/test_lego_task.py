@@ -108,3 +108,36 @@ def test_aligned_sentences_share_one_layout(gen):
     assert (batch.label_pos == batch.label_pos[0]).all()
     assert (batch.latents["length"] == 6).all()
     assert len({tuple(row) for row in batch.tokens.tolist()}) > 1  # contents still differ
+
+
+def test_biased_sentences_draw_the_identity_often_and_only_in_training(gen):
+    task = LegoTask(LegoConfig(n_vars=6, biased_fraction=1.0, identity_prob=0.9))
+    train, test = task.sample(4000, gen), task.sample(4000, gen, split="test")
+    assert abs((train.latents["elements"] == 0).float().mean().item() - 0.9) < 0.02
+    assert abs((test.latents["elements"] == 0).float().mean().item() - 0.5) < 0.02
+    for i in range(50):  # labels still follow the chain
+        solved = lego_reference_values(task.decode(train.tokens[i]))
+        for depth in range(6):
+            variable = task.vocab[train.tokens[i, train.label_pos[i, depth]]]
+            assert solved[variable] == task.group.values[train.labels[i, depth]]
+
+
+def test_a_biased_fraction_mixes_biased_and_uniform_rows(gen):
+    task = LegoTask(LegoConfig(n_vars=6, biased_fraction=0.5, identity_prob=1.0))
+    all_identity = (task.sample(4000, gen).latents["elements"] == 0).all(1).float().mean().item()
+    assert abs(all_identity - (0.5 + 0.5 / 2**6)) < 0.03
+
+
+def test_ordered_sentences_list_the_chain_in_order_only_in_training(gen):
+    task = LegoTask(LegoConfig(n_vars=6, ordered_fraction=1.0))
+    train, test = task.sample(200, gen), task.sample(200, gen, split="test")
+    assert (train.label_pos.diff(dim=1) > 0).all()
+    assert (test.label_pos.diff(dim=1) > 0).all(1).float().mean() < 0.05
+    mixed = LegoTask(LegoConfig(n_vars=6, ordered_fraction=0.5)).sample(2000, gen)
+    assert abs((mixed.label_pos.diff(dim=1) > 0).all(1).float().mean().item() - 0.5) < 0.05
+
+
+@pytest.mark.parametrize("field", ["biased_fraction", "identity_prob", "ordered_fraction"])
+def test_curriculum_fractions_outside_0_1_are_refused(field):
+    with pytest.raises(ConfigError, match=f"task.{field}=1.5"):
+        LegoConfig(**{field: 1.5})

@@ -1,0 +1,55 @@
+"""`python -m analyses.plateau RUN_DIR [RUN_DIR ...]`: the hop's attention and gradient pull in a
+LEGO run (interp/plateau.py), on uniform test sentences and on biased (mixed-input) ones, side by
+side. Prints, per variable that needs a hop, the head with the largest pull on each kind of data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+
+from interp.plateau import hop_pull
+from models.runs import load_run
+from tasks import LegoTask, seeded_generator
+
+
+def biased_twin(task: LegoTask, identity_prob: float) -> LegoTask:
+    """The same task whose training split draws every sentence with biased elements."""
+    return LegoTask(dataclasses.replace(task.cfg, min_vars=None, biased_fraction=1.0, identity_prob=identity_prob))
+
+
+def describe(run_dir: str, n: int, identity_prob: float, seed: int = 0) -> list[str]:
+    run = load_run(run_dir)
+    if not isinstance(run.task, LegoTask):
+        raise SystemExit(f"{run_dir} is not a LEGO run")
+    data = {"uniform": run.task.sample(n, seeded_generator(seed), split="test"),
+            f"biased {identity_prob}": biased_twin(run.task, identity_prob).sample(n, seeded_generator(seed))}
+    lines = [f"{run_dir}:"]
+    for variable in range(2, run.task.cfg.n_vars):
+        cells = []
+        for name, batch in data.items():
+            pull = hop_pull(run.model, run.task, batch, variable)
+            site, layer, head, value = pull.strongest()
+            att = float(pull.attention[("lhs", "rhs").index(site), layer, head])
+            cells.append(f"{name}: loss {pull.loss:.3f}, max pull {value:+.4f} at L{layer}H{head} {site} "
+                         f"(attention {att:.3f}, uniform {pull.uniform:.3f})")
+        lines.append(f"  #{variable}  " + "; ".join(cells))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+")
+    parser.add_argument("--n", type=int, default=512, help="sentences per batch")
+    parser.add_argument("--identity-prob", type=float, default=0.9)
+    args = parser.parse_args(argv)
+    torch.set_grad_enabled(False)
+    for run_dir in args.runs:
+        print("\n".join(describe(run_dir, args.n, args.identity_prob)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

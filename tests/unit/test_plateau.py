@@ -1,0 +1,31 @@
+import pytest
+import torch
+
+from interp.plateau import hop_pull
+from models.config import ModelConfig
+from models.factory import build_model
+from tasks import LegoConfig, LegoTask
+
+TASK = LegoTask(LegoConfig(n_vars=5, n_supervised=3))
+
+
+def test_a_planted_association_head_puts_its_rhs_attention_on_the_parent_clause(gen):
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, planted={"1.0": "association"})
+    model = build_model(cfg, TASK)
+    pull = hop_pull(model, TASK, TASK.sample(64, gen, split="test"), variable=2)
+    # RHS of #2 is #1's letter, found at itself and at #1's left-hand token: half on each
+    assert pull.attention[1, 1, 0] == pytest.approx(0.5)
+    assert pull.attention[0, 1, 0] == 0  # from the LHS, the same letter is itself and the child's RHS
+    assert pull.uniform == pytest.approx(1 / TASK.n_ctx)
+    assert 0.3 * pull.uniform < pull.attention[:, 0].mean() < 3 * pull.uniform  # learned heads near uniform
+    assert torch.isfinite(pull.pull).all() and pull.pull.shape == (2, 2, 2)
+    assert all(p.grad is None for p in model.parameters())  # leaves the model as it found it
+
+
+def test_a_variable_without_a_parent_or_a_short_sentence_is_refused(gen):
+    model = build_model(ModelConfig(n_layers=1, d_model=16, n_heads=2), TASK)
+    with pytest.raises(ValueError, match="variable=0"):
+        hop_pull(model, TASK, TASK.sample(4, gen, split="test"), variable=0)
+    short = LegoTask(LegoConfig(n_vars=5, min_vars=1)).sample(64, gen)
+    with pytest.raises(ValueError, match="full-length"):
+        hop_pull(model, TASK, short, variable=4)
