@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     presets = sub.add_parser("presets", help="list the presets with their configurations")
     presets.set_defaults(run=_cmd_presets)
 
+    zoo = sub.add_parser("zoo", help="list the committed zoo of trained runs, or rebuild entries of it")
+    zoo.add_argument("action", nargs="?", choices=["list", "build"], default="list")
+    zoo.add_argument("names", nargs="*", help="entries to build (default with build: every entry)")
+    zoo.add_argument("--dir", type=Path, default=None, help="zoo folder (default: the repository's zoo/)")
+    zoo.add_argument("--no-progress", action="store_true")
+    zoo.set_defaults(run=_cmd_zoo)
+
     bench = sub.add_parser("benchmark", help="task generation rate, training throughput and FLOP/s vs a matmul peak")
     bench.add_argument("--quick", action="store_true", help="shorter measurements (for tests)")
     bench.add_argument("--patching", type=Path, metavar="RUN_DIR",
@@ -256,6 +263,28 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     for name, make in PRESETS.items():
         print(f"== {name}: {(make.__doc__ or '').strip().splitlines()[0]}")
         print(make().to_json())
+    return 0
+
+
+def _cmd_zoo(args: argparse.Namespace) -> int:
+    from analyses.zoo import ZOO, ZOO_DIR, build, status, zoo_entry
+
+    zoo_dir = args.dir or ZOO_DIR
+    if args.action == "list":
+        if args.names:
+            raise ConfigError("workbench zoo list takes no names; use workbench zoo build NAME ...")
+        for entry in ZOO.values():
+            print(f"{entry.name:24s} {entry.origin:9s} {status(entry.name, zoo_dir):8s} {entry.about}")
+            print(f"{'':24s} rebuild: {entry.command()}  (= workbench train --preset {entry.preset} "
+                  + " ".join(f"--set '{o}'" for o in entry.overrides) + ")")
+        return 0
+    names = args.names or list(ZOO)
+    for name in names:
+        zoo_entry(name)  # every name checked before anything trains
+    for name in names:
+        started = time.perf_counter()
+        print(f"zoo: building {name} ({zoo_entry(name).about})")
+        print(f"zoo: {build(name, zoo_dir, progress=not args.no_progress)} in {time.perf_counter() - started:.0f} s")
     return 0
 
 

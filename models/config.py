@@ -37,6 +37,10 @@ class ModelConfig:
       transpose (logit of token j = x . W_E[j]). For unseen-symbol tasks: an unseen symbol then
       looks like a seen one on the way in and out (a learned unembedding never trains the rows of
       symbols it never outputs, and Adam drags them all one way).
+    shared_qk: every head's keys use its query weights (W_K = W_Q, b_K = b_Q: one parameter), as
+      in Reformer's shared-QK attention. A token's score with itself and with other occurrences
+      of its symbol is then |q|^2-like and positive from the start: a prior toward association
+      (same-symbol) attention that is an architectural constraint, not a planted pattern.
     planted: hardcoded heads, {"layer.head": kind} with kind association / manipulation /
       broadcast and layer "*" for every layer (models/planted.py); the rest trains around them.
     """
@@ -55,6 +59,7 @@ class ModelConfig:
     positional: str = "standard"
     identity_attention: bool = False
     fixed_embeddings: bool = False
+    shared_qk: bool = False
     planted: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

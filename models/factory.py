@@ -50,6 +50,8 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
         install_identity_attention(model)  # before tying, so tied blocks share a_h, b_h
     if cfg.tie_layers:
         tie_layers(model)
+    if cfg.shared_qk:
+        share_query_key(model)  # after tying, so every tied block's W_K is block 0's W_Q
     if cfg.planted:
         install_planted_heads(model, task, cfg.planted)
     return model.to(device, print_details=False)
@@ -102,6 +104,14 @@ def tie_layers(model: HookedTransformer) -> None:
             owner_path, _, leaf = name.rpartition(".")
             owner = block.get_submodule(owner_path) if owner_path else block
             setattr(owner, leaf, param)
+
+
+def share_query_key(model: HookedTransformer) -> None:
+    """Make every attention's W_K and b_K *the same* parameters as its W_Q and b_Q (hooks and
+    hook names unchanged: `hook_k` still records the keys)."""
+    for block in model.blocks:
+        block.attn.W_K = block.attn.W_Q
+        block.attn.b_K = block.attn.b_Q
 
 
 def layers_are_tied(model: HookedTransformer) -> bool:

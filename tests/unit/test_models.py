@@ -90,3 +90,15 @@ def test_sequence_longer_than_n_ctx_is_a_config_error():
 def test_shapes_are_checked_at_runtime_in_tests():
     with pytest.raises(Exception, match="(?i)type|shape|dimension"):
         logits_at_labels(torch.zeros(2, 5, 3), torch.zeros(2, 4, 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("tie_layers", [False, True])
+def test_shared_qk_heads_use_their_query_weights_as_keys(gen, tie_layers):
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, shared_qk=True, tie_layers=tie_layers)
+    model = build_model(cfg, LEGO)
+    assert all(b.attn.W_K is b.attn.W_Q and b.attn.b_K is b.attn.b_Q for b in model.blocks)
+    assert not any(name.endswith(("W_K", "b_K")) for name in unique_parameters(model))  # saved once
+    _, cache = model.run_with_cache(LEGO.sample(3, gen).tokens)
+    assert torch.equal(cache["blocks.1.attn.hook_q"], cache["blocks.1.attn.hook_k"])
+    scores = cache["blocks.0.attn.hook_attn_scores"]  # x W W^T x is positive semi-definite per head
+    assert (torch.linalg.eigvalsh(scores) > -1e-4).all()

@@ -1,0 +1,100 @@
+"""The zoo: small trained run folders committed in `zoo/`, so that tests, notebooks and examples
+look at real trained models in seconds. Each entry is a preset plus overrides, rebuilt by
+`workbench zoo build NAME` (one torch thread, so a rebuild gives the committed weights on a CPU
+of the same kind; the trainer is deterministic on CPU). A zoo folder keeps `config.json`,
+`model.safetensors`, `metrics.jsonl` (and `mimic.json`), not the train state.
+
+Every entry says how its heads came to be, because that decides what an analysis of it shows:
+- planted: some heads' attention patterns are hardcoded; the classifier finds what we put in;
+- mimicked: heads pre-trained to imitate association/conv patterns on random tokens, then
+  trained on the task (the LEGO paper's mimicking);
+- learned: nothing planted or mimicked; whatever the heads do, training found.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from models.config import RunConfig
+from models.presets import get_preset
+from models.runs import CONFIG, METRICS, MIMIC, WEIGHTS, read_config
+from tasks import ConfigError
+
+ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
+KEPT_FILES = (CONFIG, WEIGHTS, METRICS, MIMIC)
+ORIGINS = ("learned", "mimicked", "planted")
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    preset: str
+    overrides: tuple[str, ...]
+    origin: str  # one of ORIGINS
+    about: str
+
+    def config(self) -> RunConfig:
+        return get_preset(self.preset).with_overrides(list(self.overrides))
+
+    def command(self) -> str:
+        return f"workbench zoo build {self.name}"
+
+
+ENTRIES = [
+    ZooEntry("lego-planted", "lego-cpu", (), "planted",
+             "the demo's model: one planted association head in each of layers 1-3; fits #0-#2"),
+    ZooEntry("lego-mimic", "lego-cpu", ("model.planted={}", "train.mimic_steps=300", "train.seed=1"), "mimicked",
+             "no planted heads; 300 steps of mimicking pre-training, then the lego-cpu recipe (seed 1): a "
+             "mimicked association head (L0H1), learned manipulation heads, and the #2 plateau (#2 at chance, "
+             "zero-hop rule x0 + g0 + gk)"),
+    ZooEntry("composite-symmetric", "composite-cpu", ("train.steps=600", "model.init_gamma=0.5"), "learned",
+             "2 layers, gamma 0.5: answers held-out pairs symmetrically (cpu phase diagram)"),
+    ZooEntry("composite-inferential", "composite-cpu", ("train.steps=600", "model.init_gamma=0.7"), "learned",
+             "2 layers, gamma 0.7: composes the primitives on held-out pairs (cpu phase diagram)"),
+]
+ZOO = {entry.name: entry for entry in ENTRIES}
+
+
+def zoo_entry(name: str) -> ZooEntry:
+    if name not in ZOO:
+        raise ConfigError(f"zoo entry {name!r} is unknown; use one of {sorted(ZOO)}")
+    return ZOO[name]
+
+
+def zoo_path(name: str, zoo_dir: Path = ZOO_DIR) -> Path:
+    return zoo_dir / zoo_entry(name).name
+
+
+def build(name: str, zoo_dir: Path = ZOO_DIR, progress: bool = True) -> Path:
+    """Train the entry on one thread in a scratch folder, then replace `zoo_dir/name` with its
+    kept files."""
+    from models.train import Trainer
+
+    entry, threads = zoo_entry(name), torch.get_num_threads()
+    target = zoo_dir / entry.name
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            run_dir = Path(scratch) / entry.name
+            Trainer(entry.config(), run_dir, progress=progress).fit()
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True)
+            for file in KEPT_FILES:
+                if (run_dir / file).exists():
+                    shutil.copy2(run_dir / file, target / file)
+    finally:
+        torch.set_num_threads(threads)
+    return target
+
+
+def status(name: str, zoo_dir: Path = ZOO_DIR) -> str:
+    """`built` (weights of this entry's config), `stale` (another config) or `missing`."""
+    folder = zoo_dir / zoo_entry(name).name
+    if not (folder / WEIGHTS).exists():
+        return "missing"
+    return "built" if read_config(folder).to_dict() == ZOO[name].config().to_dict() else "stale"

@@ -1,0 +1,81 @@
+"""The committed zoo (analyses/zoo.py): every folder is what its rebuild command makes, and the
+analyses find in each trained model what analyses/RESULTS.md says they find, in seconds."""
+
+import pytest
+import torch
+
+from analyses.zoo import KEPT_FILES, ZOO, status, zoo_path
+from interp.attention import classify_heads
+from interp.patching import logit_diff_metric, patch_head_out
+from interp.solutions import composite_verdict, lego_parity_rules
+from models.runs import TRAIN_STATE, load_run
+from tasks import seeded_generator
+
+
+@pytest.fixture(scope="module")
+def runs():
+    loaded = {}
+
+    def load(name):
+        if name not in loaded:
+            loaded[name] = load_run(zoo_path(name))
+        return loaded[name]
+
+    with torch.no_grad():
+        yield load
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_each_zoo_folder_holds_its_entrys_config_and_small_weights_only(name):
+    folder = zoo_path(name)
+    assert status(name) == "built", f"rebuild with: {ZOO[name].command()}"
+    assert not (folder / TRAIN_STATE).exists()
+    assert {p.name for p in folder.iterdir()} <= set(KEPT_FILES)
+    assert (folder / "model.safetensors").stat().st_size <= 2 * 2**20
+
+
+def hop_head_effects(run, seed=1):
+    """Exact head patching for a change that reaches #2 only through the hop: flip #1's group
+    element (depth 1) and read #2; values normalised (1 = the whole clean-corrupted difference)."""
+    gen = seeded_generator(seed)
+    clean = run.task.sample(64, gen, split="test", aligned=True)
+    corrupted, _ = run.task.corrupt(clean, gen, depth=1)
+    return patch_head_out(run.model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, label_index=2)).values
+
+
+def head_labels(run):
+    return classify_heads(run.model, run.task, run.task.sample(256, seeded_generator(0), split="test").tokens).labels
+
+
+def test_planted_lego_model_its_heads_patching_and_rules(runs):
+    run = runs("lego-planted")
+    assert run.metrics[-1]["acc_per_var"][:3] == [1.0, 1.0, 1.0]
+    labels = head_labels(run)
+    assert [labels[layer][0] for layer in (1, 2, 3)] == ["association"] * 3  # the planted heads
+    assert labels[1][2] == "manipulation"  # learned around them
+    effects = hop_head_effects(run)
+    assert effects[2, 0] > 0.5 and effects[1, 2] > 0.5  # planted association, learned manipulation
+    rules = lego_parity_rules(run.model, run.task, n=1000)
+    assert all(rule.is_true_rule for rule in rules[:3])
+    for rule in rules[3:]:  # one hop, then the variable's own element: x0 + g0 + g(k-1) + gk
+        k = rule.variable
+        assert rule.terms == ["x0", "g0", f"g{k - 1}", f"g{k}"] and rule.agreement > 0.8
+
+
+def test_mimic_lego_model_keeps_its_mimicked_association_head_and_sits_on_the_plateau(runs):
+    run = runs("lego-mimic")
+    labels = head_labels(run)
+    assert labels[0][1] == "association"  # mimicking trains heads 0 and 1 of every layer
+    assert [labels[layer][0] for layer in (1, 2, 3)] == ["manipulation"] * 3
+    rules = lego_parity_rules(run.model, run.task, n=1000)
+    assert rules[1].is_true_rule and rules[1].accuracy > 0.98
+    for rule in rules[2:]:  # the zero-hop rule: #0's value, then the variable's own element
+        assert rule.terms == ["x0", "g0", f"g{rule.variable}"] and rule.agreement > 0.95
+        assert 0.4 < rule.accuracy < 0.6
+
+
+@pytest.mark.parametrize(("name", "verdict", "rate"), [("composite-symmetric", "symmetric", "held_out_symmetric"),
+                                                      ("composite-inferential", "inferential", "held_out_inferential")])
+def test_composite_models_answer_held_out_pairs_as_their_names_say(runs, name, verdict, rate):
+    result = composite_verdict(runs(name).model, runs(name).task)
+    assert result.verdict == verdict and result.seen_accuracy > 0.95 and getattr(result, rate) > 0.5
