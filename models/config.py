@@ -33,6 +33,9 @@ class ModelConfig:
       half of each head's dimensions match content regardless of distance).
     identity_attention: per head trainable a_h, b_h (from 0) adding a_h X X^T to the scores and
       b_h A_h X to the output (models/identity_attention.py); learns same-symbol attention fast.
+    identity_off_diagonal: with identity_attention, the a_h X X^T term leaves each position's
+      score with itself out, so a_h > 0 favours *other* occurrences of a symbol (in LEGO, a
+      right-hand variable's parent clause) rather than the position itself.
     fixed_embeddings: token embeddings stay at their random init and the unembedding is their
       transpose (logit of token j = x . W_E[j]). For unseen-symbol tasks: an unseen symbol then
       looks like a seen one on the way in and out (a learned unembedding never trains the rows of
@@ -58,6 +61,7 @@ class ModelConfig:
     n_ctx: int | None = None  # default: the task's sequence length
     positional: str = "standard"
     identity_attention: bool = False
+    identity_off_diagonal: bool = False
     fixed_embeddings: bool = False
     shared_qk: bool = False
     planted: dict[str, str] = field(default_factory=dict)
@@ -78,6 +82,8 @@ class ModelConfig:
             raise ConfigError(f"model.init_gamma={self.init_gamma} must be > 0 (std = d_in^-gamma), or null for the default init")
         if self.min_depth is not None and not 1 <= self.min_depth <= self.n_layers:
             raise ConfigError(f"model.min_depth={self.min_depth} is outside 1..n_layers={self.n_layers}")
+        if self.identity_off_diagonal and not self.identity_attention:
+            raise ConfigError("model.identity_off_diagonal=true needs model.identity_attention=true")
         parse_planted(self.planted, self.n_layers, self.n_heads)
 
     @property

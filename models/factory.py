@@ -47,7 +47,7 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
     if cfg.fixed_embeddings:
         fix_embeddings(model)
     if cfg.identity_attention:
-        install_identity_attention(model)  # before tying, so tied blocks share a_h, b_h
+        install_identity_attention(model, cfg.identity_off_diagonal)  # before tying, so tied blocks share a_h, b_h
     if cfg.tie_layers:
         tie_layers(model)
     if cfg.shared_qk:

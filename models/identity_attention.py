@@ -19,15 +19,17 @@ import torch
 from torch import Tensor, nn
 
 
-def install_identity_attention(model) -> None:
+def install_identity_attention(model, off_diagonal: bool = False) -> None:
     """Give every block's attention a_h, b_h (as `attn.identity_a`, `attn.identity_b`) and the
-    hooks that use them. Call before tying layers, so tied blocks share them too."""
+    hooks that use them. Call before tying layers, so tied blocks share them too. `off_diagonal`
+    leaves each position's similarity with itself out of the a_h term."""
     for layer, block in enumerate(model.blocks):
         block.attn.identity_a = nn.Parameter(torch.zeros(model.cfg.n_heads))
         block.attn.identity_b = nn.Parameter(torch.zeros(model.cfg.n_heads))
         state: dict[str, Tensor] = {}
         model.add_hook(f"blocks.{layer}.ln1.hook_normalized", _remember("x", state), is_permanent=True)
-        model.add_hook(f"blocks.{layer}.attn.hook_attn_scores", _add_identity_scores(block.attn, state), is_permanent=True)
+        model.add_hook(f"blocks.{layer}.attn.hook_attn_scores", _add_identity_scores(block.attn, state, off_diagonal),
+                       is_permanent=True)
         model.add_hook(f"blocks.{layer}.attn.hook_pattern", _remember("pattern", state), is_permanent=True)
         model.add_hook(f"blocks.{layer}.hook_attn_out", _add_identity_output(block.attn, state), is_permanent=True)
 
@@ -40,10 +42,12 @@ def _remember(key: str, state: dict[str, Tensor]):
     return hook
 
 
-def _add_identity_scores(attn: nn.Module, state: dict[str, Tensor]):
+def _add_identity_scores(attn: nn.Module, state: dict[str, Tensor], off_diagonal: bool):
     def hook(scores: Tensor, hook) -> Tensor:  # [batch head_index query_pos key_pos]
         x = state["x"]  # [batch pos d_model]
         similarity = torch.einsum("bqd,bkd->bqk", x, x) / math.sqrt(x.shape[-1])
+        if off_diagonal:
+            similarity = similarity * (1 - torch.eye(x.shape[1], device=x.device, dtype=x.dtype))
         return scores + attn.identity_a[None, :, None, None] * similarity[:, None]
 
     return hook

@@ -1,6 +1,8 @@
 """The committed zoo (analyses/zoo.py): every folder is what its rebuild command makes, and the
 analyses find in each trained model what analyses/RESULTS.md says they find, in seconds."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -79,3 +81,11 @@ def test_mimic_lego_model_keeps_its_mimicked_association_head_and_sits_on_the_pl
 def test_composite_models_answer_held_out_pairs_as_their_names_say(runs, name, verdict, rate):
     result = composite_verdict(runs(name).model, runs(name).task)
     assert result.verdict == verdict and result.seen_accuracy > 0.95 and getattr(result, rate) > 0.5
+
+
+def test_the_readmes_python_example_runs_on_the_zoo():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("## From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    exec(compile(block, "README.md (From Python)", "exec"), namespace)  # noqa: S102
+    assert namespace["result"].values.shape == (4, 4) and len(namespace["rules"]) == 6

@@ -1,9 +1,10 @@
+import pytest
 import torch
 
 from interp.attention import classify_heads
 from models.config import ModelConfig
 from models.factory import build_model, layers_are_tied
-from tasks import CompositeConfig, CompositeTask, LegoConfig, LegoTask, seeded_generator
+from tasks import CompositeConfig, CompositeTask, ConfigError, LegoConfig, LegoTask, seeded_generator
 
 LEGO = LegoTask(LegoConfig(n_vars=6, n_supervised=3))
 SMALL = {"n_layers": 2, "d_model": 32, "n_heads": 2}
@@ -72,3 +73,25 @@ def test_the_terms_are_a_h_x_xt_on_the_scores_and_b_h_a_h_x_on_the_output(gen):
     w_o_part = torch.einsum("bqhe,hed->bqd", aug["blocks.0.attn.hook_z"], augmented.blocks[0].attn.W_O)
     w_o_part = w_o_part + augmented.blocks[0].attn.b_O
     assert torch.allclose(aug["blocks.0.hook_attn_out"], w_o_part + copied, atol=1e-5)
+
+
+def test_off_diagonal_identity_attention_sends_a_symbol_to_its_other_occurrence():
+    """With the position's own score left out, a large a_h makes a right-hand variable attend to
+    its parent clause's left-hand token (the other occurrence of its letter), not to itself."""
+    cfg = ModelConfig(n_layers=1, d_model=64, n_heads=1, identity_attention=True, identity_off_diagonal=True,
+                      positional="rotary")
+    model = build_model(cfg, LEGO)
+    with torch.no_grad():
+        model.blocks[0].attn.identity_a[0] = 40.0
+    batch = LEGO.sample(64, seeded_generator(0), split="test")
+    _, cache = model.run_with_cache(batch.tokens)
+    rows = torch.arange(len(batch))
+    rhs_of_1, lhs_of_0 = batch.label_pos[:, 1] + 3, batch.label_pos[:, 0]
+    pattern = cache["blocks.0.attn.hook_pattern"][:, 0]
+    assert (pattern[rows, rhs_of_1, lhs_of_0] > 0.9).all()
+    assert (pattern[rows, rhs_of_1, rhs_of_1] < 0.01).all()
+
+
+def test_off_diagonal_needs_identity_attention():
+    with pytest.raises(ConfigError, match="identity_off_diagonal"):
+        ModelConfig(identity_off_diagonal=True)
