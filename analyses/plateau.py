@@ -1,6 +1,7 @@
 """`python -m analyses.plateau RUN_DIR [RUN_DIR ...]`: the hop's attention and gradient pull in a
 LEGO run (interp/plateau.py), on uniform test sentences and on biased (mixed-input) ones, side by
-side. Prints, per variable that needs a hop, the head with the largest pull on each kind of data.
+side. Prints, per variable that needs a hop and kind of data, the head with the largest pull and
+the head that puts the most attention on the parent clause.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ def describe(run_dir: str, n: int, identity_prob: float, seed: int = 0) -> list[
             pull = hop_pull(run.model, run.task, batch, variable)
             site, layer, head, value = pull.strongest()
             att = float(pull.attention[("lhs", "rhs").index(site), layer, head])
+            most = pull.most_attentive()
             cells.append(f"{name}: loss {pull.loss:.3f}, max pull {value:+.4f} at L{layer}H{head} {site} "
-                         f"(attention {att:.3f}, uniform {pull.uniform:.3f})")
+                         f"(attention {att:.3f}); most attention on the parent {most[3]:.3f} at L{most[1]}H{most[2]} "
+                         f"{most[0]} (uniform {pull.uniform:.3f})")
         lines.append(f"  #{variable}  " + "; ".join(cells))
     return lines
 

@@ -43,10 +43,18 @@ class HopPull:
 
     def strongest(self) -> tuple[str, int, int, float]:
         """The (site, layer, head, pull) with the largest pull."""
-        flat = int(self.pull.argmax())
-        site, rest = divmod(flat, self.pull.shape[1] * self.pull.shape[2])
-        layer, head = divmod(rest, self.pull.shape[2])
-        return SITES[site], layer, head, float(self.pull.flatten()[flat])
+        return _largest(self.pull)
+
+    def most_attentive(self) -> tuple[str, int, int, float]:
+        """The (site, layer, head, attention) that puts the most attention on the parent."""
+        return _largest(self.attention)
+
+
+def _largest(values: Float[Tensor, "site layer head_index"]) -> tuple[str, int, int, float]:
+    flat = int(values.argmax())
+    site, rest = divmod(flat, values.shape[1] * values.shape[2])
+    layer, head = divmod(rest, values.shape[2])
+    return SITES[site], layer, head, float(values.flatten()[flat])
 
 
 def hop_pull(model: HookedTransformer, task: LegoTask, batch: Batch, variable: int) -> HopPull:
