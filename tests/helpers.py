@@ -26,6 +26,30 @@ def tiny_composite_run(steps: int = 20, **train) -> RunConfig:
     )
 
 
+class Killed(Exception):
+    """Stands for a kill in the middle of training."""
+
+
+def kill_then_resume(cfg: RunConfig, run_dir, monkeypatch, at_step: int = 15) -> None:
+    """Train `cfg` into `run_dir`, die before step `at_step + 1`, then resume to the end."""
+    import pytest
+
+    from models.train import Trainer
+
+    killed = Trainer(cfg, run_dir, progress=False)
+    original = killed._train_step
+
+    def dying_step(batch):
+        if killed.step == at_step:
+            raise Killed
+        return original(batch)
+
+    monkeypatch.setattr(killed, "_train_step", dying_step)
+    with pytest.raises(Killed):
+        killed.fit()
+    Trainer(cfg, run_dir, resume=True, progress=False).fit()
+
+
 def lego_reference_values(text: str) -> dict[str, str]:
     """Solve a decoded LEGO sentence the slow, obvious way: substitute until every variable is known."""
     clauses = [c.split() for c in text.replace("[BOS]", "").replace("[EOS]", "").split(";") if c.strip()]

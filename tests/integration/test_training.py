@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 
 from models.runs import load_run, read_metrics
 from models.train import Trainer, TrainingDiverged, learning_rate
-from tests.helpers import tiny_composite_run, tiny_lego_run
+from tests.helpers import kill_then_resume, tiny_composite_run, tiny_lego_run
 
 
 def without_time(records):
@@ -21,10 +21,6 @@ def test_same_seed_same_metrics_other_seed_other_metrics(tmp_path):
     assert [r["step"] for r in a] == [5, 10, 15]
 
 
-class Killed(Exception):
-    pass
-
-
 def tiny_tied_stochastic_run(steps, n_train):
     return tiny_lego_run(steps=steps, n_train=64).with_overrides(
         ["model.tie_layers=true", "model.n_layers=3", "model.min_depth=1"])
@@ -35,18 +31,7 @@ def test_resume_after_a_kill_ends_with_the_weights_of_an_uninterrupted_run(tmp_p
     cfg = make_cfg(steps=30, n_train=None)
     Trainer(cfg, tmp_path / "whole", progress=False).fit()
 
-    killed = Trainer(cfg, tmp_path / "killed", progress=False)
-    original = killed._train_step
-
-    def dying_step(batch):
-        if killed.step == 15:  # after the checkpoint at step 10 and an evaluation at 15
-            raise Killed
-        return original(batch)
-
-    monkeypatch.setattr(killed, "_train_step", dying_step)
-    with pytest.raises(Killed):
-        killed.fit()
-    Trainer(cfg, tmp_path / "killed", resume=True, progress=False).fit()
+    kill_then_resume(cfg, tmp_path / "killed", monkeypatch, at_step=15)  # after the checkpoint at 10, an evaluation at 15
 
     whole, resumed = load_file(str(tmp_path / "whole/model.safetensors")), load_file(str(tmp_path / "killed/model.safetensors"))
     assert whole.keys() == resumed.keys()

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from models.train import Trainer, bf16_supported
 from tasks import ConfigError
-from tests.helpers import tiny_lego_run
+from tests.helpers import kill_then_resume, tiny_lego_run
 
 VARIANTS = {
     "plain": [],
@@ -32,7 +32,7 @@ import torch
 from models.factory import build_model, forward
 from models.train import compiled_forward
 from tasks import make_task, seeded_generator
-from tests.helpers import tiny_lego_run
+from tests.helpers import kill_then_resume, tiny_lego_run
 torch.set_num_threads(1)
 for name, overrides in {VARIANTS!r}.items():
     cfg = tiny_lego_run().with_overrides(overrides)
@@ -54,18 +54,7 @@ for name, overrides in {VARIANTS!r}.items():
 def test_a_compiled_run_resumes_to_the_weights_of_an_uninterrupted_compiled_run(tmp_path, monkeypatch):
     cfg = tiny_lego_run(steps=20, compile=True).with_overrides(["model.tie_layers=true", "model.min_depth=1"])
     Trainer(cfg, tmp_path / "whole", progress=False).fit()
-    killed = Trainer(cfg, tmp_path / "killed", progress=False)
-    original = killed._train_step
-
-    def dying_step(batch):
-        if killed.step == 15:  # after the checkpoint at step 10
-            raise KeyboardInterrupt
-        return original(batch)
-
-    monkeypatch.setattr(killed, "_train_step", dying_step)
-    with pytest.raises(KeyboardInterrupt):
-        killed.fit()
-    Trainer(cfg, tmp_path / "killed", resume=True, progress=False).fit()
+    kill_then_resume(cfg, tmp_path / "killed", monkeypatch, at_step=15)  # after the checkpoint at step 10
     whole, resumed = load_file(str(tmp_path / "whole/model.safetensors")), load_file(str(tmp_path / "killed/model.safetensors"))
     # measured equal on this CPU; compiled kernels are not promised bit-reproducible (README), so
     # allow float noise, far below the ~lr per step (1e-3) a lost optimizer or RNG state would give
