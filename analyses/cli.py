@@ -157,6 +157,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = read_config(args.out)
     else:
         cfg = _resolve_config(args, args.preset, args.task)
+        if args.out.exists() and not args.out.is_dir():
+            raise ConfigError(f"--out {args.out} is a file, not a folder; choose a folder for the run")
         if (args.out / CONFIG).exists():
             raise ConfigError(f"--out {args.out} already holds a run; use --resume to continue it or choose another folder")
     status = _train(cfg, args.out, args.resume, progress=not args.no_progress)

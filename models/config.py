@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -70,6 +71,9 @@ class ModelConfig:
         for name in ("n_layers", "d_model", "n_heads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name}={getattr(self, name)} must be >= 1")
+        for name in ("d_head", "d_mlp"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"model.{name}={getattr(self, name)} must be >= 1, or null for its default")
         if self.d_head is None and self.d_model % self.n_heads:
             raise ConfigError(f"model.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set model.d_head")
         if self.act_fn not in ACT_FNS:
@@ -166,6 +170,9 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        unknown = set(data) - {"task", "model", "train"}
+        if unknown:
+            raise ConfigError(f"the config has unknown section(s) {sorted(unknown)}; sections: task, model, train")
         task_data = dict(data["task"])
         name = task_data.get("name")
         if name not in TASK_CONFIGS:
@@ -213,7 +220,10 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
-    """Accept ints for floats; reject values of the wrong kind with a message."""
+    """Accept ints for floats; reject values of the wrong kind, non-finite numbers and lists
+    with elements of the wrong kind, with a message."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}={value!r} is not a finite number")
     is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
     allowed = typing.get_args(hint) if is_union else (hint,)
     if value is None and type(None) in allowed:
@@ -223,5 +233,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     for kind in allowed:
         origin = typing.get_origin(kind) or kind
         if isinstance(origin, type) and isinstance(value, origin) and not (origin is int and isinstance(value, bool)):
+            if origin is list and typing.get_args(kind):
+                return [_coerce(item, typing.get_args(kind)[0], f"{where}[{i}]") for i, item in enumerate(value)]
             return value
     raise ConfigError(f"{where}={value!r} has the wrong type; expected {hint}")

@@ -73,3 +73,14 @@ def test_presets_lists_valid_json(capsys):
     assert main(["presets"]) == 0
     blocks = re.split(r"^== .*$", capsys.readouterr().out, flags=re.M)[1:]
     assert len(blocks) == len(PRESETS) and all(json.loads(b)["task"]["name"] for b in blocks)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_and_an_out_that_is_a_file_exit_2_and_write_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--task", "lego", "--out", str(out), "--device", "cuda", *TINY]) == 2
+    assert not out.exists() and "no CUDA device" in capsys.readouterr().err
+    a_file = tmp_path / "file"
+    a_file.write_text("mine")
+    assert main(["train", "--task", "lego", "--out", str(a_file), *TINY]) == 2
+    assert a_file.read_text() == "mine" and "is a file" in capsys.readouterr().err

@@ -26,7 +26,11 @@ def test_overrides_parse_values_and_keep_types():
     [("task.n_vars=30", "n_vars=30"), ("model.init_gamma=0", "init_gamma=0"), ("model.init_gamma=-1", "init_gamma=-1"),
      ("model.n_layers=0", "n_layers=0"), ("train.lr=abc", "train.lr='abc'"), ("model.nope=1", "no field 'nope'"),
      ("nope.x=1", "section.key=value"), ("train.warmup_steps=-1", "warmup_steps=-1"),
-     ("model.min_depth=9", "min_depth=9"), ("train.device=tpu", "device='tpu'")],
+     ("model.min_depth=9", "min_depth=9"), ("train.device=tpu", "device='tpu'"),
+     ("model.init_gamma=Infinity", "init_gamma=inf is not a finite"), ("model.init_gamma=NaN", "init_gamma=nan"),
+     ("train.lr=NaN", "train.lr=nan"), ("train.lr=Infinity", "train.lr=inf"),
+     ("train.weight_decay=NaN", "weight_decay=nan"), ("train.grad_clip=NaN", "grad_clip=nan"),
+     ("model.d_mlp=0", "d_mlp=0 must be >= 1"), ("model.d_head=-4", "d_head=-4 must be >= 1")],
 )
 def test_bad_values_are_rejected_naming_the_value(assignment, message):
     with pytest.raises(ConfigError, match=message):
@@ -48,3 +52,11 @@ def test_held_out_pair_must_be_an_anchor_pair():
 def test_defaults_are_valid():
     RunConfig(task=LegoConfig(), model=ModelConfig(), train=TrainConfig())
     RunConfig(task=CompositeConfig())
+
+
+def test_list_elements_are_checked_and_unknown_sections_refused():
+    with pytest.raises(ConfigError, match=r"task.shifts\[0\]='a' has the wrong type"):
+        get_preset("composite-cpu").with_overrides(['task.shifts=["a","b"]'])
+    data = get_preset("lego-cpu").to_dict()
+    with pytest.raises(ConfigError, match="unknown section"):
+        RunConfig.from_dict({**data, "extra": {}})
