@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from interp.plateau import hop_pull
+from interp.plateau import hop_pull, residual_similarity
 from models.runs import load_run
 from tasks import LegoTask, seeded_generator
 
@@ -27,7 +27,9 @@ def describe(run_dir: str, n: int, identity_prob: float, seed: int = 0) -> list[
         raise SystemExit(f"{run_dir} is not a LEGO run")
     data = {"uniform": run.task.sample(n, seeded_generator(seed), split="test"),
             f"biased {identity_prob}": biased_twin(run.task, identity_prob).sample(n, seeded_generator(seed))}
-    lines = [f"{run_dir}:"]
+    collapse = residual_similarity(run.model, data["uniform"].tokens[:256])
+    lines = [f"{run_dir}:", "  mean cosine between positions, embedding then each block: "
+             + " ".join(f"{c:.2f}" for c in collapse.tolist())]
     for variable in range(2, run.task.cfg.n_vars):
         cells = []
         for name, batch in data.items():

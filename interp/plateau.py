@@ -12,6 +12,9 @@ On uniform training data a Z2 model's #k is parent XOR own element, so copying t
 alone gains nothing at first order and the pull averages to ~0: the plateau. The measurement is
 per batch, so the same model can be read on uniform and on biased (mixed-input) sentences.
 
+`residual_similarity` answers the other usual suspect: do the hidden states of different
+positions collapse toward one direction (a known plateau symptom)?
+
 Shape glossary: batch, layer, head_index, query_pos, key_pos, site (LHS or RHS of #k).
 """
 
@@ -98,3 +101,19 @@ def hop_pull(model: HookedTransformer, task: LegoTask, batch: Batch, variable: i
     model.zero_grad(set_to_none=True)
     n_keys = int((batch.tokens[0] != 0).sum())
     return HopPull(variable, torch.stack(attention, 1), 1.0 / n_keys, torch.stack(pull, 1), loss.item())
+
+
+@torch.no_grad()
+def residual_similarity(model: HookedTransformer, tokens: Tensor) -> Float[Tensor, " layer"]:
+    """Mean cosine similarity between the residual streams of two different positions of a
+    sentence, after the embedding (index 0) and after each block: near 1 means collapse."""
+    names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers)]
+    _, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    n_pos = tokens.shape[1]
+    off_diagonal = ~torch.eye(n_pos, dtype=torch.bool, device=tokens.device)
+    similarity = []
+    for name in names:
+        unit = F.normalize(cache[name], dim=-1)  # [batch pos d_model]
+        cosines = unit @ unit.transpose(1, 2)  # [batch pos pos]
+        similarity.append(cosines[:, off_diagonal].mean())
+    return torch.stack(similarity)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from interp.plateau import hop_pull
+from interp.plateau import hop_pull, residual_similarity
 from models.config import ModelConfig
 from models.factory import build_model
 from tasks import LegoConfig, LegoTask
@@ -29,3 +29,14 @@ def test_a_variable_without_a_parent_or_a_short_sentence_is_refused(gen):
     short = LegoTask(LegoConfig(n_vars=5, min_vars=1)).sample(64, gen)
     with pytest.raises(ValueError, match="full-length"):
         hop_pull(model, TASK, short, variable=4)
+
+
+def test_residual_similarity_is_one_when_every_position_holds_the_same_vector(gen):
+    model = build_model(ModelConfig(n_layers=1, d_model=16, n_heads=2), TASK)
+    tokens = TASK.sample(8, gen, split="test").tokens
+    fresh = residual_similarity(model, tokens)
+    assert fresh.shape == (2,) and (fresh.abs() < 0.5).all()  # random embeddings: far from parallel
+    with torch.no_grad():
+        model.embed.W_E[:] = 1.0
+        model.pos_embed.W_pos[:] = 0.0
+    assert residual_similarity(model, tokens)[0] == pytest.approx(1.0)
