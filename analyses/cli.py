@@ -157,8 +157,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = read_config(args.out)
     else:
         cfg = _resolve_config(args, args.preset, args.task)
-        if args.out.exists() and not args.out.is_dir():
-            raise ConfigError(f"--out {args.out} is a file, not a folder; choose a folder for the run")
+        _check_new_run_folder(args.out)
         if (args.out / CONFIG).exists():
             raise ConfigError(f"--out {args.out} already holds a run; use --resume to continue it or choose another folder")
     status = _train(cfg, args.out, args.resume, progress=not args.no_progress)
@@ -167,15 +166,34 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return status
 
 
+def _check_new_run_folder(out: Path, replacing: bool = False) -> None:
+    """--out must name a folder that is new, empty or (when `replacing`, or to be refused later
+    as 'already holds a run') a run folder with nothing but run files: never a file, the
+    current folder by an empty name, or a folder holding someone's other files."""
+    from models.runs import CONFIG, RUN_FILES
+
+    if str(out) in ("", "."):
+        raise ConfigError("--out is empty or '.'; name a folder for the run, e.g. --out runs/x")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder; choose a folder for the run")
+    if not out.exists():
+        return
+    others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
+    if others or (any(out.iterdir()) and not (out / CONFIG).exists()):
+        listed = ", ".join(others[:5]) or "run files without a config.json"
+        raise ConfigError(f"--out {out} holds files that are not a run's ({listed}); choose a new or empty folder")
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
-    import shutil
+    from models.runs import RUN_FILES
 
     cfg = _resolve_config(args, "lego-cpu", "lego")
     started = time.perf_counter()
-    if args.out.exists():  # the demo always starts fresh, but deletes only a run folder
-        if any(args.out.iterdir()) and not (args.out / "config.json").exists():
-            raise ConfigError(f"--out {args.out} exists and is not a run folder; choose another --out")
-        shutil.rmtree(args.out)
+    _check_new_run_folder(args.out, replacing=True)
+    if args.out.exists():  # the demo always starts fresh, but deletes only a run folder's own files
+        for path in args.out.iterdir():
+            if path.name in RUN_FILES:
+                path.unlink()
     status = _train(cfg, args.out, resume=False, progress=not args.no_progress)
     if status == 0:
         _cmd_report(argparse.Namespace(run_dir=args.out))

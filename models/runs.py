@@ -20,6 +20,8 @@ from tasks import Task, make_task
 
 CONFIG, WEIGHTS, TRAIN_STATE, METRICS = "config.json", "model.safetensors", "train_state.safetensors", "metrics.jsonl"
 MIMIC = "mimic.json"  # losses of mimicking pre-training, when the run had any
+ANALYSIS, REPORT = "analysis.json", "report.html"
+RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, ANALYSIS, REPORT}  # what a run folder may hold
 PACKAGES = ("interp-workbench", "torch", "transformer-lens", "circuitsvis", "numpy")
 
 

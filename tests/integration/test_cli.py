@@ -84,3 +84,18 @@ def test_cuda_without_a_gpu_and_an_out_that_is_a_file_exit_2_and_write_nothing(t
     a_file.write_text("mine")
     assert main(["train", "--task", "lego", "--out", str(a_file), *TINY]) == 2
     assert a_file.read_text() == "mine" and "is a file" in capsys.readouterr().err
+
+
+def test_train_and_demo_never_write_over_or_delete_files_that_are_not_a_runs(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "model.safetensors").write_text("not weights")  # a run file's name, but no config.json
+    assert main(["train", "--task", "lego", "--out", str(folder), *TINY]) == 2
+    assert (folder / "model.safetensors").read_text() == "not weights"
+    (folder / "notes.txt").write_text("keep me")
+    assert main(["demo", "--out", str(folder), *TINY]) == 2
+    assert {p.name for p in folder.iterdir()} == {"model.safetensors", "notes.txt"}
+    assert "not a run's (notes.txt)" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--task", "lego", "--out", "", *TINY]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
