@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -91,6 +92,13 @@ def check_precision(device: torch.device, precision: str) -> None:
         raise ConfigError(f"train.precision='bf16' but this {device.type} device has no bf16 kernels; use train.precision=fp32")
 
 
+def check_compile(device: torch.device, compile: bool) -> None:
+    """torch.compile's CPU backend builds C++ kernels: refuse up front rather than at step 1."""
+    if compile and device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+        raise ConfigError("train.compile=true on the CPU needs a C++ compiler (g++) on PATH; install one, "
+                          "or train with train.compile=false")
+
+
 def training_precision(device: torch.device, precision: str):
     """bf16 autocast for the forward pass, or nothing for fp32."""
     if precision == "fp32":
@@ -135,6 +143,7 @@ class Trainer:
         self.model = build_model(cfg.model, self.task, seed=cfg.train.seed, device=self.device)
         self.optimizer = self._make_optimizer()
         check_precision(self.device, cfg.train.precision)
+        check_compile(self.device, cfg.train.compile)
         # evaluation, patching and analysis use the eager model; only training steps are compiled
         self.train_forward = compiled_forward() if cfg.train.compile else forward
         seed = cfg.train.seed

@@ -2,6 +2,7 @@
 under compile to the same function as eager, resume still ends where an uninterrupted run does,
 and bf16 is refused where the CPU has no bf16 kernels."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ from models.train import Trainer, bf16_supported
 from tasks import ConfigError
 from tests.helpers import kill_then_resume, tiny_lego_run
 
+needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                                    reason="torch.compile on CPU needs a C++ compiler (g++)")
 VARIANTS = {
     "plain": [],
     "tied": ["model.tie_layers=true"],
@@ -23,6 +26,7 @@ VARIANTS = {
 }
 
 
+@needs_compiler
 @pytest.mark.slow  # about two minutes of compilation
 def test_compiled_forward_equals_eager_for_every_variant():
     # in a fresh interpreter: the runtime type checkers this suite installs (conftest.py) wrap the
@@ -51,6 +55,7 @@ for name, overrides in {VARIANTS!r}.items():
     assert len(differences) == len(VARIANTS) + 1 and max(differences) < 1e-5, out
 
 
+@needs_compiler
 def test_a_compiled_run_resumes_to_the_weights_of_an_uninterrupted_compiled_run(tmp_path, monkeypatch):
     cfg = tiny_lego_run(steps=20, compile=True).with_overrides(["model.tie_layers=true", "model.min_depth=1"])
     Trainer(cfg, tmp_path / "whole", progress=False).fit()
