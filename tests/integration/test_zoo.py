@@ -89,3 +89,16 @@ def test_the_readmes_python_example_runs_on_the_zoo():
     namespace = {}
     exec(compile(block, "README.md (From Python)", "exec"), namespace)  # noqa: S102
     assert namespace["result"].values.shape == (4, 4) and len(namespace["rules"]) == 6
+
+
+def test_long_mimic_lego_model_passes_the_hop_with_a_learned_association_head(runs):
+    """Mimicking trains heads 0 (conv) and 1 (same token) of each layer; head 3 of layer 1 was never
+    mimicked, yet is labelled association and carries about half of the hop's effect on #2."""
+    run = runs("lego-mimic-long")
+    assert run.metrics[-1]["acc_per_var"][2] > 0.85
+    labels = head_labels(run)
+    assert labels[1][3] == "association" and labels[2][0] == "manipulation"
+    effects = hop_head_effects(run)
+    assert effects[1, 3] > 0.3 and effects[2, 0] > 0.5
+    rules = lego_parity_rules(run.model, run.task, n=1000)
+    assert rules[2].is_true_rule and rules[2].agreement > 0.85
