@@ -55,7 +55,7 @@ ENTRIES = [
     ZooEntry("lego-mimic-long", "lego-cpu",
              ("model.planted={}", "train.mimic_steps=1500", "train.eval_size=1000"), "mimicked",
              "no planted heads; 1,500 steps of mimicking pre-training, then the lego-cpu recipe (seed 0): "
-             "passes the #2 plateau (the only model without planted heads that does, one seed of two)"),
+             "passes the #2 plateau (mimicking for 1,500 steps does so with two seeds of four)"),
     ZooEntry("composite-symmetric", "composite-cpu", ("train.steps=600", "model.init_gamma=0.5"), "learned",
              "2 layers, gamma 0.5: answers held-out pairs symmetrically (cpu phase diagram)"),
     ZooEntry("composite-inferential", "composite-cpu", ("train.steps=600", "model.init_gamma=0.7"), "learned",
