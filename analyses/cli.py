@@ -166,9 +166,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return status
 
 
-def _check_new_run_folder(out: Path, replacing: bool = False) -> None:
-    """--out must name a folder that is new, empty or (when `replacing`, or to be refused later
-    as 'already holds a run') a run folder with nothing but run files: never a file, the
+def _check_new_run_folder(out: Path) -> None:
+    """--out must name a folder that is new, empty or a run folder with nothing but run files
+    (which `train` then refuses as 'already holds a run' and `demo` replaces): never a file, the
     current folder by an empty name, or a folder holding someone's other files."""
     from models.runs import CONFIG, RUN_FILES
 
@@ -189,7 +189,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     cfg = _resolve_config(args, "lego-cpu", "lego")
     started = time.perf_counter()
-    _check_new_run_folder(args.out, replacing=True)
+    _check_new_run_folder(args.out)
     if args.out.exists():  # the demo always starts fresh, but deletes only a run folder's own files
         for path in args.out.iterdir():
             if path.name in RUN_FILES:

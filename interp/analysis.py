@@ -20,10 +20,9 @@ from interp.patching import attribute_head_out, logit_diff_metric, patch_head_ou
 from interp.probes import composite_probe_map, lego_probe_map
 from interp.report import Report, figure_html, table_html
 from interp.solutions import ParityRule, composite_verdict, lego_parity_rules, lego_verdict, predictions
-from models.runs import LoadedRun
+from models.runs import ANALYSIS, LoadedRun
 from tasks import Batch, CompositeTask, LegoTask, seeded_generator
 
-ANALYSIS = "analysis.json"
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
 GOOD_AGREEMENT = 0.8  # Spearman of attribution with exact patching from which the report calls the rankings in agreement

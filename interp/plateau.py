@@ -29,6 +29,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from tasks import Batch, LegoTask, logits_at_labels
+from tasks.lego import PAD
 
 SITES = ("lhs", "rhs")
 RHS_OFFSET = 3  # `lhs = g rhs ;`: the right-hand token is three after the left-hand one
@@ -99,7 +100,7 @@ def hop_pull(model: HookedTransformer, task: LegoTask, batch: Batch, variable: i
         attention.append(att.mean(1))
         pull.append((toward - others).mean(1) * len(batch))  # undo the loss's mean over the batch
     model.zero_grad(set_to_none=True)
-    n_keys = int((batch.tokens[0] != 0).sum())
+    n_keys = int((batch.tokens[0] != PAD).sum())
     return HopPull(variable, torch.stack(attention, 1), 1.0 / n_keys, torch.stack(pull, 1), loss.item())
 
 

@@ -11,10 +11,8 @@ from interp import plots
 from interp.analysis import ANALYSIS, analysis_sections
 from interp.attention import attention_patterns
 from interp.report import Report, figure_html, table_html
-from models.runs import LoadedRun
+from models.runs import REPORT, LoadedRun
 from tasks import seeded_generator
-
-REPORT = "report.html"
 
 
 def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, analysis: dict | None = None) -> Report:

@@ -62,10 +62,10 @@ class LegoConfig:
     biased_fraction, identity_prob: a training curriculum of mixed inputs (Abbe, Cornacchia &
     Lotfi 2023, parities learned from biased plus uniform inputs). This fraction of training
     sentences draw each clause's group element as the identity with probability identity_prob
-    (else uniformly among the others); the rest, and every test sentence, draw uniformly. In a
-    biased sentence a variable mostly equals its parent, so copying the parent's value through an
-    association hop pays off at first order; under uniform elements the hop's gain is an XOR and
-    its gradient starts at zero (analyses/RESULTS.md).
+    (else uniformly among the others); the rest, and every test sentence, draw uniformly. The
+    intent: in a biased sentence a variable mostly equals its parent, so copying the parent's
+    value pays off at first order, where under uniform elements the gain is an XOR. At cpu scale
+    it did not get a model past #2 (analyses/RESULTS.md).
     ordered_fraction: a curriculum of clause order. This fraction of training sentences list
     their clauses in chain order (#0 first), where the parent clause is also the previous one;
     the rest, and every test sentence, are shuffled.
