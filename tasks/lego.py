@@ -69,6 +69,12 @@ class LegoConfig:
     ordered_fraction: a curriculum of clause order. This fraction of training sentences list
     their clauses in chain order (#0 first), where the parent clause is also the previous one;
     the rest, and every test sentence, are shuffled.
+    forest_fraction, cut_prob: a curriculum that takes the zero-hop shortcut away. This
+    fraction of training sentences cut their chain into a forest: each clause after #0 reads a
+    fresh value of X instead of its parent with probability cut_prob. With several values in
+    a sentence, "the value anywhere, times my own element" no longer answers #1, so a variable
+    must find the clause its right-hand side names, and one hop pays off at once. Labels follow
+    the forest; the rest, and every test sentence, are single chains.
     """
 
     name: str = "lego"
@@ -80,6 +86,8 @@ class LegoConfig:
     biased_fraction: float = 0.0
     identity_prob: float = 0.9
     ordered_fraction: float = 0.0
+    forest_fraction: float = 0.0
+    cut_prob: float = 0.5
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
@@ -98,8 +106,9 @@ class LegoConfig:
             raise ConfigError(f"task.biased_fraction={self.biased_fraction} is outside 0..1")
         if not 0.0 <= self.ordered_fraction <= 1.0:
             raise ConfigError(f"task.ordered_fraction={self.ordered_fraction} is outside 0..1")
-        if not 0.0 <= self.identity_prob <= 1.0:
-            raise ConfigError(f"task.identity_prob={self.identity_prob} is outside 0..1")
+        for name in ("identity_prob", "forest_fraction", "cut_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"task.{name}={getattr(self, name)} is outside 0..1")
 
 
 class LegoTask:
@@ -144,7 +153,18 @@ class LegoTask:
             "order_keys": self._draw_order(n, gen, aligned, curriculum=split == "train" and not aligned),
             "length": self._draw_lengths(n, gen, full=split == "test" or aligned),
         }
+        if split == "train" and not aligned and cfg.forest_fraction > 0.0:
+            latents |= self._draw_forest(n, gen)
         return self.build(latents)
+
+    def _draw_forest(self, n: int, gen: torch.Generator) -> dict[str, Tensor]:
+        """`cuts[b, i]`: clause #i reads its own value `roots[b, i]` instead of #i-1. Only a
+        `forest_fraction` of rows are cut; #0 reads `root`, as in every sentence."""
+        n_vars, n_values = self.cfg.n_vars, len(self.group.values)
+        forest = torch.rand(n, 1, generator=gen) < self.cfg.forest_fraction
+        cuts = forest & (torch.rand(n, n_vars, generator=gen) < self.cfg.cut_prob)
+        cuts[:, 0] = False
+        return {"cuts": cuts, "roots": torch.randint(n_values, (n, n_vars), generator=gen)}
 
     def _draw_order(self, n: int, gen: torch.Generator, aligned: bool, curriculum: bool) -> Tensor:
         """Sort keys of the clauses (slot order = ascending key): random, one shared order when
@@ -172,10 +192,17 @@ class LegoTask:
         low = self.cfg.n_vars if full else self.cfg.min_vars or self.cfg.n_vars
         return torch.randint(low, self.cfg.n_vars + 1, (n,), generator=gen)
 
-    def chain_values(self, elements: Int[Tensor, "batch var"], root: Int[Tensor, " batch"]) -> Int[Tensor, "batch var"]:
-        """Each variable's value: apply the chain's group elements one after another."""
+    def chain_values(
+        self, elements: Int[Tensor, "batch var"], root: Int[Tensor, " batch"],
+        cuts: Bool[Tensor, "batch var"] | None = None, roots: Int[Tensor, "batch var"] | None = None,
+    ) -> Int[Tensor, "batch var"]:
+        """Each variable's value: apply the chain's group elements one after another. Where
+        `cuts` is set (the forest curriculum), a variable starts again from its own value in
+        `roots`."""
         values, current = [], root
         for i in range(elements.shape[1]):  # a loop over chain depth, vectorised over the batch
+            if cuts is not None and i > 0:
+                current = torch.where(cuts[:, i], roots[:, i], current)
             current = self.action[elements[:, i], current]
             values.append(current)
         return torch.stack(values, dim=1)
@@ -192,7 +219,7 @@ class LegoTask:
         slots = clauses.gather(1, clause_of_slot.unsqueeze(-1).expand(-1, -1, CLAUSE_LEN))
         tokens = torch.cat([torch.full((n, 1), BOS), slots.flatten(1), torch.full((n, 1), PAD)], dim=1)
         tokens.scatter_(1, (1 + CLAUSE_LEN * length).unsqueeze(1), EOS)
-        labels = self.chain_values(latents["elements"], latents["root"])
+        labels = self.chain_values(latents["elements"], latents["root"], latents.get("cuts"), latents.get("roots"))
         label_pos = torch.where(present, 1 + CLAUSE_LEN * slot_of_clause, 0)
         depth = torch.where(present.gather(1, clause_of_slot), clause_of_slot, -1)
         latents = {**latents, "depth": self._depth_per_position(depth)}
@@ -202,6 +229,8 @@ class LegoTask:
         variables = latents["variables"] + len(SPECIALS)
         root = (latents["root"] + self.first_value).unsqueeze(1)
         rhs = torch.cat([root, variables[:, :-1]], dim=1)  # #0 reads the root, #i reads #i-1
+        if "cuts" in latents:  # the forest curriculum: cut clauses read a value of their own
+            rhs = torch.where(latents["cuts"], latents["roots"] + self.first_value, rhs)
         n, n_vars = variables.shape
         return torch.stack(
             [variables, torch.full((n, n_vars), EQUALS), latents["elements"] + self.first_element, rhs,

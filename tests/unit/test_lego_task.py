@@ -137,7 +137,27 @@ def test_ordered_sentences_list_the_chain_in_order_only_in_training(gen):
     assert abs((mixed.label_pos.diff(dim=1) > 0).all(1).float().mean().item() - 0.5) < 0.05
 
 
-@pytest.mark.parametrize("field", ["biased_fraction", "identity_prob", "ordered_fraction"])
+def test_forest_sentences_hold_several_values_and_labels_follow_the_text(gen):
+    task = LegoTask(LegoConfig(n_vars=6, forest_fraction=1.0, cut_prob=0.5))
+    train, test = task.sample(300, gen), task.sample(300, gen, split="test")
+    is_value = lambda tokens: (tokens >= task.first_value).sum(1)  # noqa: E731
+    assert (is_value(test.tokens) == 1).all()  # test sentences stay single chains
+    assert abs(is_value(train.tokens).float().mean().item() - (1 + 5 * 0.5)) < 0.2
+    for i in range(100):
+        solved = lego_reference_values(task.decode(train.tokens[i]))
+        for depth in range(6):
+            variable = task.vocab[train.tokens[i, train.label_pos[i, depth]]]
+            assert solved[variable] == task.group.values[train.labels[i, depth]]
+
+
+def test_a_forest_fraction_cuts_only_that_share_of_training_rows(gen):
+    task = LegoTask(LegoConfig(n_vars=6, forest_fraction=0.5, cut_prob=1.0))
+    n_values = (task.sample(4000, gen).tokens >= task.first_value).sum(1)
+    assert set(n_values.unique().tolist()) == {1, 6}
+    assert abs((n_values == 6).float().mean().item() - 0.5) < 0.03
+
+
+@pytest.mark.parametrize("field", ["biased_fraction", "identity_prob", "ordered_fraction", "forest_fraction", "cut_prob"])
 def test_curriculum_fractions_outside_0_1_are_refused(field):
     with pytest.raises(ConfigError, match=f"task.{field}=1.5"):
         LegoConfig(**{field: 1.5})
