@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from analyses.bench_patching import attribution_agreement, counterfactual_pairs, exact_head_patching
+from analyses.bench_patching import attribution_agreement, exact_head_patching, unaligned_pairs
 from interp.patching import logit_diff_metric
 from models.runs import load_run
 
@@ -101,7 +101,7 @@ VARIANTS: dict[str, tuple[Callable[[Any], Any], int]] = {  # name: (gradient con
 def variant_agreement(model: Any, task: Any, slot: int, n_pairs: int = 32, seed: int = 0) -> dict[str, tuple[float, float]]:
     """Spearman with exact patching, (by position, per head), for every estimate in VARIANTS."""
     device = next(model.parameters()).device
-    clean, corrupted = (batch.to(device) for batch in counterfactual_pairs(task, n_pairs, seed))
+    clean, corrupted = (batch.to(device) for batch in unaligned_pairs(task, n_pairs, seed))
     metric = logit_diff_metric(clean, corrupted, slot)
     exact = exact_head_patching(model, clean, corrupted, metric)
     agreement = {}

@@ -56,12 +56,10 @@ def best_times(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     return min(wall), min(cpu)
 
 
-def counterfactual_pairs(task: Task, n_pairs: int, seed: int) -> tuple[Batch, Batch]:
-    """Test-split pairs; LEGO corrupts chain depth 0 (so every variable changes), composite
-    changes the key (so the answer changes)."""
-    gen = seeded_generator(seed)
-    clean = task.sample(n_pairs, gen, split="test")
-    corrupted, _ = task.corrupt(clean, gen)
+def unaligned_pairs(task: Task, n_pairs: int, seed: int) -> tuple[Batch, Batch]:
+    """The task's counterfactual pairs, each row with its own layout (per-head sweeps do not
+    need positions to line up): LEGO flips chain depth 0, composite changes the key."""
+    clean, corrupted, _ = task.counterfactual_pairs(n_pairs, seeded_generator(seed), aligned=False)
     return clean, corrupted
 
 
@@ -184,7 +182,7 @@ def run_patching_benchmark(
 ) -> dict[str, Any]:
     """Times and agreement of exact, TransformerLens and attribution patching on head outputs,
     with the logit difference at label slot `label_index` (LEGO: variable #label_index)."""
-    clean, corrupted = counterfactual_pairs(task, n_pairs, seed)
+    clean, corrupted = unaligned_pairs(task, n_pairs, seed)
     metric = logit_diff_metric(clean, corrupted, label_index)
     args = (model, clean.tokens, corrupted.tokens, metric)
     exact = patch_head_out_by_pos(*args)
@@ -216,7 +214,7 @@ def agreement_at_init(run: Any, n_pairs: int, seed: int, label_index: int) -> di
     reference for how far training (saturated attention and MLPs) moves the first-order
     estimate away from exact."""
     model = build_model(run.config.model, run.task, seed=run.config.train.seed)
-    clean, corrupted = counterfactual_pairs(run.task, n_pairs, seed)
+    clean, corrupted = unaligned_pairs(run.task, n_pairs, seed)
     agreement = attribution_agreement(model, clean, corrupted, logit_diff_metric(clean, corrupted, label_index))
     return {f"{key}_at_init": value for key, value in agreement.items()}
 

@@ -1,17 +1,23 @@
 """One trained run, looked into: head scores and labels, exact and attribution patching on the
-task's own counterfactual pairs, layer-wise probes, and the solution verdict. `analyze_run`
-returns plain JSON-ready data (written as analysis.json); `analysis_sections` turns it into
-report sections."""
+task's own counterfactual pairs, then the task's own steps (probes, solution verdict) from the
+registry `TASK_ANALYSES`. `analyze_run` returns a `RunAnalysis`; `write_analysis` writes it as
+analysis.json; `analysis_sections` turns it into report sections.
+
+Adding a task: one file in `tasks/` implementing `tasks.Task`, and one `TaskAnalysis` entry here."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 from transformer_lens import HookedTransformer
 
 from interp import plots
@@ -19,38 +25,81 @@ from interp.attention import classify_heads
 from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual, spearman
 from interp.probes import composite_probe_map, lego_probe_map
 from interp.report import Report, figure_html, table_html
-from interp.solutions import ParityRule, composite_verdict, lego_parity_rules, lego_verdict, predictions
+from interp.solutions import (
+    ParityRule,
+    composite_verdict,
+    lego_parity_rules,
+    lego_verdict,
+    predictions,
+    templates_verdict,
+)
 from models.runs import ANALYSIS, LoadedRun
-from tasks import Batch, CompositeTask, LegoTask, seeded_generator
+from tasks import Batch, Task, seeded_generator
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
 GOOD_AGREEMENT = 0.8  # Spearman of attribution with exact patching from which the report calls the rankings in agreement
 
 
+@dataclass
+class RunAnalysis:
+    """What `workbench analyze` found in one run; `to_dict` is analysis.json."""
+
+    run: str
+    task: str
+    heads: dict[str, Any]  # interp.attention.HeadClassification.to_dict(), plus "planted"
+    patching: dict[str, Any]  # see patching_analysis
+    probes: dict[str, Any] | None  # the task's probe map; None where the task has none
+    verdict: dict[str, Any]  # the task's verdict
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunAnalysis:
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in data and f.name != "probes"]
+        if missing:
+            raise ValueError(f"analysis.json lacks {missing}; run `workbench analyze` again")
+        return cls(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class TaskAnalysis:
+    """The task-specific steps of `workbench analyze` and of the run report.
+
+    findings(run, seed) -> (probe map or None, verdict), both JSON-ready;
+    headline(verdict) -> the one line `workbench analyze` prints;
+    verdict_html, probes_html -> report sections; curves(run) -> the training-curve figure."""
+
+    findings: Callable[[LoadedRun, int], tuple[dict[str, Any] | None, dict[str, Any]]]
+    headline: Callable[[dict[str, Any]], str]
+    verdict_html: Callable[[dict[str, Any]], str]
+    probes_html: Callable[[dict[str, Any]], str] | None
+    curves: Callable[[LoadedRun], plt.Figure]
+    curves_caption: str
+
+
+def task_analysis(name: str) -> TaskAnalysis:
+    if name not in TASK_ANALYSES:
+        raise ValueError(f"no analysis is registered for task {name!r}; known: {sorted(TASK_ANALYSES)}")
+    return TASK_ANALYSES[name]
+
+
 def counterfactual_pairs(
-    task: LegoTask | CompositeTask, n: int, seed: int, model: HookedTransformer | None = None
+    task: Task, n: int, seed: int, model: HookedTransformer | None = None
 ) -> tuple[Batch, Batch, int, str]:
-    """Aligned clean/corrupted pairs, the label slot the metric reads, and what was changed.
-
-    LEGO: flip the root clause's group element (every variable changes) and read the deepest
-    supervised variable the model gets right (>= 90% on these sentences; the deepest
-    supervised one when none is, or without a model). Composite: change the key, with every
-    key at position 2."""
-    gen = seeded_generator(seed)
-    if isinstance(task, LegoTask):
-        clean = task.sample(n, gen, split="test", aligned=True)
-        corrupted, _ = task.corrupt(clean, gen, depth=0)
-        slot = _deepest_fitted_slot(model, clean)
-        return clean, corrupted, slot, f"group element at depth 0 flipped; metric at variable #{slot}"
-    clean = task.sample(n, gen, split="test", pair_ids=None, key_pos=2)
-    clean = clean.select(~clean.latents["held_out"])
-    corrupted, _ = task.corrupt(clean, gen, change="key")
-    return clean, corrupted, 0, "key changed; metric at the last position"
+    """Aligned clean/corrupted pairs (the task's `counterfactual_pairs`), the label slot the
+    metric reads, and what was changed. The slot is the deepest supervised one the model gets
+    right (>= 90% on these inputs); the deepest supervised one when none is, or without a model."""
+    clean, corrupted, description = task.counterfactual_pairs(n, seeded_generator(seed), aligned=True)
+    slot = _deepest_fitted_slot(model, clean, task.supervised_slots())
+    where = f"variable {task.label_names[slot]}" if len(task.label_names) > 1 else "the last position"
+    return clean, corrupted, slot, f"{description}; metric at {where}"
 
 
-def _deepest_fitted_slot(model: HookedTransformer | None, batch: Batch) -> int:
-    supervised = batch.loss_mask.any(0).nonzero()[:, 0].tolist()
+def _deepest_fitted_slot(model: HookedTransformer | None, batch: Batch, supervised_slots: list[bool]) -> int:
+    supervised = [slot for slot, s in enumerate(supervised_slots) if s]
     if model is None:
         return supervised[-1]
     accuracy = (predictions(model, batch) == batch.labels).float().mean(0)
@@ -76,30 +125,37 @@ def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> dict[
     }
 
 
-def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> dict[str, Any]:
-    """Everything the report shows, as JSON-ready data."""
+def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> RunAnalysis:
+    """Everything the report shows."""
     started = time.perf_counter()
-    task, model = run.task, run.model
-    tokens = task.sample(n_samples, seeded_generator(seed), split="test").tokens
-    analysis: dict[str, Any] = {"run": str(run.path), "task": run.config.task.name}
-    analysis["heads"] = classify_heads(model, task, tokens).to_dict()
-    analysis["heads"]["planted"] = run.config.model.planted  # hardcoded heads, not learned
-    analysis["patching"] = patching_analysis(run, seed=seed)
-    if isinstance(task, LegoTask):
-        probes = lego_probe_map(model, task, seed=seed)
-        verdict = lego_verdict(model, task, run.metrics, seed=seed).to_dict()
-        verdict["findings"] += _percolation_findings(probes.slope, probes.linearity, probes.first_layer)
-        if task.cfg.group == "z2":
-            rules = lego_parity_rules(model, task, seed=seed)
-            verdict["parity_rules"] = [r.summary() for r in rules]
-            verdict["findings"] += _rule_findings(rules)
-    else:
-        probes = composite_probe_map(model, task, seed=seed)
-        verdict = composite_verdict(model, task, seed=seed).to_dict()
-    analysis["probes"] = probes.to_dict()
-    analysis["verdict"] = verdict
-    analysis["seconds"] = round(time.perf_counter() - started, 2)
-    return analysis
+    steps = task_analysis(run.config.task.name)
+    tokens = run.task.sample(n_samples, seeded_generator(seed), split="test").tokens
+    heads = classify_heads(run.model, run.task, tokens).to_dict()
+    heads["planted"] = run.config.model.planted  # hardcoded heads, not learned
+    patching = patching_analysis(run, seed=seed)
+    probes, verdict = steps.findings(run, seed)
+    return RunAnalysis(str(run.path), run.config.task.name, heads, patching, probes, verdict,
+                       round(time.perf_counter() - started, 2))
+
+
+def _lego_findings(run: LoadedRun, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    probes = lego_probe_map(run.model, run.task, seed=seed)
+    verdict = lego_verdict(run.model, run.task, run.metrics, seed=seed).to_dict()
+    verdict["findings"] += _percolation_findings(probes.slope, probes.linearity, probes.first_layer)
+    if run.task.cfg.group == "z2":
+        rules = lego_parity_rules(run.model, run.task, seed=seed)
+        verdict["parity_rules"] = [r.summary() for r in rules]
+        verdict["findings"] += _rule_findings(rules)
+    return probes.to_dict(), verdict
+
+
+def _composite_findings(run: LoadedRun, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    probes = composite_probe_map(run.model, run.task, seed=seed)
+    return probes.to_dict(), composite_verdict(run.model, run.task, seed=seed).to_dict()
+
+
+def _templates_findings(run: LoadedRun, seed: int) -> tuple[None, dict[str, Any]]:
+    return None, templates_verdict(run.model, run.task, seed=seed).to_dict()
 
 
 def _rule_findings(rules: list[ParityRule]) -> list[str]:
@@ -120,26 +176,34 @@ def _percolation_findings(slope: float | None, linearity: float | None, first: l
             f"depths{caveat}; first layer reaching 95% per depth {first})"]
 
 
-def write_analysis(run: LoadedRun, analysis: dict[str, Any]) -> Path:
+def write_analysis(run: LoadedRun, analysis: RunAnalysis) -> Path:
     path = run.path / ANALYSIS
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(analysis, indent=1))
+    tmp.write_text(json.dumps(analysis.to_dict(), indent=1))
     tmp.replace(path)
     return path
 
 
-def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
+def read_analysis(run_dir: Path) -> RunAnalysis | None:
+    """The run's analysis.json, or None where it has none."""
+    path = Path(run_dir) / ANALYSIS
+    return RunAnalysis.from_dict(json.loads(path.read_text())) if path.exists() else None
+
+
+def analysis_sections(report: Report, analysis: RunAnalysis) -> None:
     """Verdict, heads, patching and probes, appended to `report`."""
-    report.add("Verdict", _verdict_html(analysis["verdict"]))
-    heads = analysis["heads"]
+    steps = task_analysis(analysis.task)
+    report.add("Verdict", steps.verdict_html(analysis.verdict))
+    heads = analysis.heads
     planted = heads.get("planted") or {}
     listed = ", ".join(f"{_head_name(where)} {kind}" for where, kind in planted.items())
     note = f"<p>Planted (hardcoded, not learned) heads: {html.escape(listed)}.</p>" if planted else ""
     report.add("Attention heads", note + figure_html(plots.head_score_heatmaps(heads["scores"], heads["labels"]),
                "Score per kind (0 = uniform attention, 1 = all mass on the kind's targets); * marks each head's label.")
                + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]]))
-    report.add("Activation patching", _patching_html(analysis["patching"]))
-    report.add("Probes", _probes_html(analysis["probes"]))
+    report.add("Activation patching", _patching_html(analysis.patching))
+    if steps.probes_html is not None and analysis.probes is not None:
+        report.add("Probes", steps.probes_html(analysis.probes))
 
 
 def _head_name(where: str) -> str:
@@ -148,11 +212,14 @@ def _head_name(where: str) -> str:
     return f"L{layer}H{head}"
 
 
-def _verdict_html(verdict: dict[str, Any]) -> str:
-    if "verdict" in verdict:  # composite
-        head = f"<p class='verdict'>Solution: {html.escape(verdict['verdict'])}</p>"
-        rows = [[k, json.dumps(v)] for k, v in verdict.items() if k != "verdict"]
-        return head + table_html(rows, ["evidence", "value"])
+def _table_verdict_html(verdict: dict[str, Any]) -> str:
+    """Composite and templates: the solution's name, then its evidence."""
+    head = f"<p class='verdict'>Solution: {html.escape(verdict['verdict'])}</p>"
+    rows = [[k, json.dumps(v)] for k, v in verdict.items() if k != "verdict"]
+    return head + table_html(rows, ["evidence", "value"])
+
+
+def _lego_verdict_html(verdict: dict[str, Any]) -> str:
     items = "".join(f"<li>{html.escape(line)}</li>" for line in verdict["findings"])
     rules = verdict.get("parity_rules")  # Z2 only
     rows = [[f"#{i}", a, "yes" if s else "no", verdict["learned_step"][i],
@@ -164,7 +231,7 @@ def _verdict_html(verdict: dict[str, Any]) -> str:
 
 def _patching_html(patching: dict[str, Any]) -> str:
     resid, heads, attribution = patching["residual"], patching["heads"], patching["heads_attribution"]
-    parts = [f"<p>Counterfactual pairs: {html.escape(patching['pairs'])} ({patching['n_pairs']} pairs, one shared "
+    parts = [f"<p>Counterfactual pairs: {html.escape(patching['pairs'])} ({html.escape(str(patching['n_pairs']))} pairs, one shared "
              f"layout). Values are normalised: 0 = corrupted behaviour, 1 = clean (logit difference "
              f"{resid['clean_metric']:.2f} clean vs {resid['corrupted_metric']:.2f} corrupted).</p>"]
     if abs(resid["clean_metric"] - resid["corrupted_metric"]) < MIN_METRIC_GAP:
@@ -204,15 +271,36 @@ def _largest_heads(sweep: dict[str, Any], k: int = 3) -> list[tuple[str, float]]
     return sorted(cells, key=lambda cell: -abs(cell[1]))[:k]
 
 
-def _probes_html(probes: dict[str, Any]) -> str:
-    if "depth_names" in probes:  # LEGO
-        fig = plots.heatmap(probes["accuracy"], "chain depth", "layer", "probe accuracy", probes["depth_names"], 0.0, 1.0, "viridis")
-        note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
-                f"{probes['first_layer']}; slope {probes['slope']} layers per step, R^2 {probes['linearity']}.")
-        return figure_html(fig, "Linear probe accuracy for each variable's value at its own token.") + f"<p>{html.escape(note)}</p>"
+def _lego_probes_html(probes: dict[str, Any]) -> str:
+    fig = plots.heatmap(probes["accuracy"], "chain depth", "layer", "probe accuracy", probes["depth_names"], 0.0, 1.0, "viridis")
+    note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
+            f"{probes['first_layer']}; slope {probes['slope']} layers per step, R^2 {probes['linearity']}.")
+    return figure_html(fig, "Linear probe accuracy for each variable's value at its own token.") + f"<p>{html.escape(note)}</p>"
+
+
+def _composite_probes_html(probes: dict[str, Any]) -> str:
     rows = []
     for site_index, site in enumerate(probes["site_names"]):
         for quantity_index, quantity in enumerate(probes["quantity_names"]):
             rows.append([site, quantity, *[round(layer[site_index][quantity_index], 3) for layer in probes["accuracy"]]])
     header = ["site", "quantity", *probes["layer_names"]]
     return "<p>Linear probe accuracy per layer.</p>" + table_html(rows, header)
+
+
+def _lego_curves(run: LoadedRun) -> plt.Figure:
+    return plots.lego_curves(run.metrics, run.task.supervised_slots())
+
+
+TASK_ANALYSES: dict[str, TaskAnalysis] = {
+    "lego": TaskAnalysis(
+        _lego_findings, lambda verdict: json.dumps(verdict["findings"]), _lego_verdict_html, _lego_probes_html,
+        _lego_curves, "Solid: supervised variables; dashed: not supervised (extrapolation)."),
+    "composite": TaskAnalysis(
+        _composite_findings, lambda verdict: verdict["verdict"], _table_verdict_html, _composite_probes_html,
+        lambda run: plots.composite_curves(run.metrics),
+        "Seen-pair accuracy on test keys, and the answers on the held-out pair."),
+    "templates": TaskAnalysis(
+        _templates_findings, lambda verdict: f"{verdict['verdict']} (accuracy per symbol split {verdict['accuracy']})",
+        _table_verdict_html, None, lambda run: plots.templates_curves(run.metrics),
+        "Accuracy on strings of test symbols, never seen in training."),
+}

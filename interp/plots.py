@@ -42,6 +42,22 @@ def composite_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
     return fig
 
 
+def templates_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
+    """Test accuracy (symbols never seen in training) over steps, per class where there are
+    classes, and loss."""
+    records = [m for m in metrics if "acc" in m]
+    steps = [m["step"] for m in records]
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for key, label in (("acc", "all"), ("acc_same", "same"), ("acc_different", "different")):
+        if records and key in records[-1]:
+            ax_acc.plot(steps, [m.get(key) for m in records], label=label)
+    ax_acc.set(xlabel="step", ylabel="test accuracy", ylim=(0.0, 1.02), title="accuracy on unseen symbols")
+    ax_acc.legend(fontsize=8)
+    _loss_panel(ax_loss, records)
+    fig.tight_layout()
+    return fig
+
+
 def _loss_panel(ax: plt.Axes, records: list[dict[str, Any]]) -> None:
     steps = [m["step"] for m in records]
     ax.plot(steps, [m["train_loss"] for m in records], label="train")

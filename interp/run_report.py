@@ -7,19 +7,18 @@ import html
 import json
 from pathlib import Path
 
-from interp import plots
-from interp.analysis import ANALYSIS, analysis_sections
+from interp.analysis import RunAnalysis, analysis_sections, read_analysis, task_analysis
 from interp.attention import attention_patterns
 from interp.report import Report, figure_html, table_html
 from models.runs import REPORT, LoadedRun
 from tasks import seeded_generator
 
 
-def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, analysis: dict | None = None) -> Report:
+def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, analysis: RunAnalysis | None = None) -> Report:
     """Summary, configuration, curves, attention views; with `analysis` (or the run's
     analysis.json), also the verdict, head scores, patching and probes."""
     report = Report(f"interp-workbench run: {run.path.name}")
-    analysis = analysis if analysis is not None else _stored_analysis(run.path)
+    analysis = analysis if analysis is not None else read_analysis(run.path)
     report.add("Summary", _summary_html(run))
     if analysis:
         analysis_sections(report, analysis)
@@ -33,11 +32,6 @@ def write_run_report(run: LoadedRun, path: str | Path | None = None, **kwargs) -
     return build_run_report(run, **kwargs).write(path or run.path / REPORT)
 
 
-def _stored_analysis(run_dir: Path) -> dict | None:
-    path = run_dir / ANALYSIS
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def _summary_html(run: LoadedRun) -> str:
     final = next((m for m in reversed(run.metrics) if "eval_loss" in m), None)
     if final is None:
@@ -47,10 +41,8 @@ def _summary_html(run: LoadedRun) -> str:
 
 
 def _curves_html(run: LoadedRun) -> str:
-    if run.config.task.name == "lego":
-        supervised = run.task.sample(1, seeded_generator(0), split="test").loss_mask[0].tolist()
-        return figure_html(plots.lego_curves(run.metrics, supervised), "Solid: supervised variables; dashed: not supervised (extrapolation).")
-    return figure_html(plots.composite_curves(run.metrics), "Seen-pair accuracy on test keys, and the answers on the held-out pair.")
+    steps = task_analysis(run.config.task.name)
+    return figure_html(steps.curves(run), steps.curves_caption)
 
 
 def _attention_html(report: Report, run: LoadedRun, n_examples: int, seed: int) -> str:

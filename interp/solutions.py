@@ -22,7 +22,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from interp.attention import attention_patterns
-from tasks import Batch, CompositeTask, LegoTask, logits_at_labels, seeded_generator
+from tasks import Batch, CompositeTask, LegoTask, TemplatesTask, logits_at_labels, seeded_generator
 from tasks.base import uniform_choice
 
 SEEN_ACCURACY_TO_COUNT = 0.9  # below it a composite cell counts as not learned (PAPERS.md)
@@ -155,7 +155,7 @@ def lego_verdict(model: HookedTransformer, task: LegoTask, metrics: list[dict[st
     batch = task.sample(n, seeded_generator(seed), split="test")
     correct = predictions(model, batch) == batch.labels
     acc = correct.float().mean(0).tolist()
-    supervised = batch.loss_mask.any(0).tolist()
+    supervised = task.supervised_slots()
     sup = [a for a, s in zip(acc, supervised) if s]
     unsup = [a for a, s in zip(acc, supervised) if not s]
     gap = sum(sup) / len(sup) - sum(unsup) / len(unsup) if sup and unsup else None
@@ -164,6 +164,32 @@ def lego_verdict(model: HookedTransformer, task: LegoTask, metrics: list[dict[st
     verdict = LegoVerdict([round(a, 4) for a in acc], supervised, None if gap is None else round(gap, 4), learned, shortcut)
     verdict.findings = _lego_findings(verdict)
     return verdict
+
+
+@dataclass
+class TemplatesVerdict:
+    verdict: str  # generalises | memorises | unlearned
+    accuracy: dict[str, float]  # per split of the symbol alphabet: train, val, test
+    chance: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def templates_verdict(model: HookedTransformer, task: TemplatesTask, n: int = 2000, seed: int = 0,
+                      threshold: float = LEARNED_ACCURACY) -> TemplatesVerdict:
+    """Accuracy on strings of training symbols and of symbols never seen in training. A model
+    that reaches `threshold` on both generalises; on training symbols only, it memorises."""
+    gen = seeded_generator(seed)
+    accuracy = {}
+    for split in ("train", "val", "test"):
+        batch = task.sample(n, gen, split=split)
+        accuracy[split] = round((predictions(model, batch) == batch.labels).float().mean().item(), 4)
+    if accuracy["train"] < threshold:
+        verdict = "unlearned"
+    else:
+        verdict = "generalises" if accuracy["test"] >= threshold else "memorises"
+    return TemplatesVerdict(verdict, accuracy, round(task.chance_accuracy(), 4))
 
 
 def learned_steps(metrics: list[dict[str, Any]], n_vars: int, threshold: float = LEARNED_ACCURACY) -> list[int | None]:

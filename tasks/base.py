@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -46,6 +47,70 @@ class Batch:
         picked = {k: v[index] for k, v in self.latents.items()}
         tensors = {f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self) if f.name != "latents"}
         return Batch(**tensors, latents=picked)
+
+
+class CounterfactualPairs(NamedTuple):
+    """Clean inputs, their corrupted twins (one latent changed so the answer changes), and a
+    sentence saying what was changed. With `aligned`, every row shares one layout, so that a
+    position means the same thing in every row, as per-position patching needs."""
+
+    clean: Batch
+    corrupted: Batch
+    description: str
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What every task offers to models, training and analysis. Adding a task means one file in
+    `tasks/` implementing this, and one entry in `interp.analysis.TASK_ANALYSES`.
+
+    Labels: each sample has `len(label_names)` label slots. Slot i is read at position
+    `batch.label_pos[:, i]` (the model's logits there, restricted to `d_vocab_out` classes);
+    `batch.label_mask` says the slot exists, `batch.loss_mask` that it is trained on.
+    """
+
+    cfg: Any
+    causal: bool  # a left-to-right (causal) model, or one that sees the whole sequence
+
+    @property
+    def d_vocab(self) -> int: ...
+    @property
+    def d_vocab_out(self) -> int: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def label_names(self) -> list[str]: ...
+    @property
+    def bos_token(self) -> int | None: ...
+
+    def sample(self, n: int, gen: torch.Generator, split: str = "train") -> Batch:
+        """`n` fresh samples of a split ("train" or "test"; a task may have more)."""
+
+    def build(self, latents: dict[str, Tensor]) -> Batch:
+        """The samples these latents describe (what `corrupt` rebuilds from)."""
+
+    def corrupt(self, batch: Batch, gen: torch.Generator) -> tuple[Batch, Bool[Tensor, "batch label"]]:
+        """A twin of each sample with one latent changed, and which labels changed."""
+
+    def counterfactual_pairs(self, n: int, gen: torch.Generator, aligned: bool = True) -> CounterfactualPairs:
+        """Test-split pairs for patching: the task's standard change of one latent."""
+
+    def supervised_slots(self) -> list[bool]:
+        """Which label slots training supervises, for full-length test samples."""
+
+    def accuracy(self, batch: Batch, predictions: Int[Tensor, "batch label"]) -> dict[str, object]:
+        """The evaluation metrics written to metrics.jsonl."""
+
+    def segment_ids(self, tokens: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+        """Each position's local window (a clause); manipulation heads attend inside it."""
+
+    def symbol_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        """Positions whose other occurrences association heads find."""
+
+    def broadcast_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]: ...
+    def padding_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]: ...
+    def decode(self, tokens: Int[Tensor, "batch pos"] | Int[Tensor, " pos"]) -> list[str] | str: ...
+    def token_strings(self, tokens: Int[Tensor, " pos"]) -> list[str]: ...
 
 
 def logits_at_labels(

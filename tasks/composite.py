@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from tasks.base import Batch, ConfigError, UnpaddedTask, uniform_choice
+from tasks.base import Batch, ConfigError, CounterfactualPairs, UnpaddedTask, uniform_choice
 
 SPLITS = ("train", "test")
 
@@ -181,6 +181,19 @@ class CompositeTask(UnpaddedTask):
             raise ValueError(f"change={change!r} is unknown; use 'key', 'anchor1' or 'anchor2'")
         twin = self.build(latents)
         return twin, twin.labels != batch.labels
+
+    def counterfactual_pairs(self, n: int, gen: torch.Generator, aligned: bool = True) -> CounterfactualPairs:
+        """Change the key. Aligned pairs put every key at position 2 and keep only trained pairs
+        (the held-out pair's answer is what the verdict asks about, not what patching reads)."""
+        if not aligned:
+            clean = self.sample(n, gen, split="test")
+            return CounterfactualPairs(clean, self.corrupt(clean, gen, change="key")[0], "key changed")
+        clean = self.sample(n, gen, split="test", key_pos=2)
+        clean = clean.select(~clean.latents["held_out"])
+        return CounterfactualPairs(clean, self.corrupt(clean, gen, change="key")[0], "key changed")
+
+    def supervised_slots(self) -> list[bool]:
+        return [True]
 
     def _other_pair(self, pair: Int[Tensor, " batch"], slot: int, gen: torch.Generator) -> Int[Tensor, " batch"]:
         anchors = torch.tensor(self.pairs)

@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from tasks.base import Batch, ConfigError, uniform_choice
+from tasks.base import Batch, ConfigError, CounterfactualPairs, uniform_choice
 
 CLAUSE_LEN = 5  # lhs = g rhs ;
 SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "=", ";"]
@@ -269,6 +269,16 @@ class LegoTask:
         twin = self.build(latents)
         return twin, (twin.labels != batch.labels) & batch.label_mask
 
+    def counterfactual_pairs(self, n: int, gen: torch.Generator, aligned: bool = True) -> CounterfactualPairs:
+        """Flip the root clause's group element, so that every variable changes."""
+        clean = self.sample(n, gen, split="test", aligned=aligned)
+        corrupted, _ = self.corrupt(clean, gen, depth=0)
+        return CounterfactualPairs(clean, corrupted, "group element at depth 0 flipped")
+
+    def supervised_slots(self) -> list[bool]:
+        full = torch.full((1,), self.cfg.n_vars)
+        return self._loss_mask(torch.ones(1, self.cfg.n_vars, dtype=torch.bool), full)[0].tolist()
+
     def segment_ids(self, tokens: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
         """Clause index of each position (its 'local window'); BOS, EOS and padding each get a
         segment of their own (negative ids)."""
@@ -306,7 +316,7 @@ class LegoTask:
         correct = (predictions == batch.labels) & batch.label_mask
         counts = batch.label_mask.sum(0).clamp(min=1)
         per_var = (correct.sum(0) / counts).tolist()
-        supervised = self._loss_mask(batch.label_mask, batch.latents["length"]).any(0).tolist()
+        supervised = self.supervised_slots()
         sup = [a for a, s in zip(per_var, supervised) if s]
         unsup = [a for a, s in zip(per_var, supervised) if not s]
         return {

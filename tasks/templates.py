@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from tasks.base import Batch, ConfigError, UnpaddedTask
+from tasks.base import Batch, ConfigError, CounterfactualPairs, UnpaddedTask
 
 TEMPLATES = ("same_different", "binding", "copy")
 SPLITS = ("train", "val", "test")
@@ -92,6 +92,11 @@ class TemplatesTask(UnpaddedTask):
     @property
     def label_names(self) -> list[str]:
         return ["label"]
+
+    def chance_accuracy(self) -> float:
+        """A guess that knows the template but not the binding: a coin for same-different and
+        binding, one of the string's n_vars values for copy."""
+        return 1.0 / self.cfg.n_vars if self.cfg.template == "copy" else 0.5
 
     def draw_symbols(self, n: int, k: int, split: str, gen: torch.Generator) -> Int[Tensor, "batch slot"]:
         """`k` distinct symbols per row, uniform from the split's alphabet (as token ids)."""
@@ -176,6 +181,17 @@ class TemplatesTask(UnpaddedTask):
             latents["symbols"] = self._fresh_queried_value(latents["symbols"], latents["query"], latents["split"], gen)
         twin = self.build(latents)
         return twin, twin.labels != batch.labels
+
+    def counterfactual_pairs(self, n: int, gen: torch.Generator, aligned: bool = True) -> CounterfactualPairs:
+        """Test strings (unseen symbols) and twins with the label changed (see `corrupt`). Every
+        string of a template shares one layout, so pairs are always aligned."""
+        clean = self.sample(n, gen, split="test")
+        what = {"same_different": "second symbol swapped", "binding": "printed variable's value flipped",
+                "copy": "printed variable's value replaced by a fresh symbol"}[self.cfg.template]
+        return CounterfactualPairs(clean, self.corrupt(clean, gen, change="label")[0], what)
+
+    def supervised_slots(self) -> list[bool]:
+        return [True]
 
     @staticmethod
     def _flip_queried(values: Int[Tensor, "batch var"], query: Int[Tensor, " batch"]) -> Int[Tensor, "batch var"]:

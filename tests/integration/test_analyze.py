@@ -10,13 +10,15 @@ from interp.patching import spearman
 from tests.integration.test_cli import TINY
 
 
-@pytest.mark.parametrize("task", ["lego", "composite"])
+@pytest.mark.parametrize("task", ["lego", "composite", "templates"])
 def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     out = tmp_path / task
     assert main(["train", "--task", task, "--out", str(out), *TINY]) == 0
+    capsys.readouterr()
     assert main(["analyze", str(out), "--samples", "64"]) == 0
+    printed = capsys.readouterr().out
     analysis = json.loads((out / "analysis.json").read_text())
-    assert set(analysis) >= {"heads", "patching", "probes", "verdict"}
+    assert set(analysis) >= {"task", "heads", "patching", "probes", "verdict"} and analysis["task"] == task
     assert len(analysis["heads"]["labels"]) == 2  # layers
     assert analysis["patching"]["heads"]["method"] == "exact"
     assert analysis["patching"]["heads_attribution"]["method"] == "attribution"
@@ -25,10 +27,21 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     assert analysis["patching"]["heads_attribution_spearman"] == pytest.approx(spearman(estimate, exact))
     page = (out / "report.html").read_text()
     assert f"Spearman correlation with exact: {analysis['patching']['heads_attribution_spearman']:.2f}" in page
-    for section in ["Verdict", "Attention heads", "Activation patching", "Probes", "Attention patterns"]:
+    for section in ["Verdict", "Attention heads", "Activation patching", "Training curves", "Attention patterns"]:
         assert f"<h2>{section}</h2>" in page
+    assert ("<h2>Probes</h2>" in page) == (task != "templates")  # templates have no probe map
+    # `workbench report` alone rebuilds the same sections from analysis.json
+    (out / "report.html").unlink()
+    assert main(["report", str(out)]) == 0
+    assert "<h2>Verdict</h2>" in (out / "report.html").read_text()
     if task == "composite":
         assert analysis["verdict"]["verdict"] == "unlearned"  # 12 steps cannot fit the seen pairs
+        assert printed.startswith("unlearned")
+    elif task == "templates":
+        assert analysis["verdict"]["verdict"] == "unlearned" and analysis["probes"] is None
+        assert set(analysis["verdict"]["accuracy"]) == {"train", "val", "test"}
+        assert "printed variable" in analysis["patching"]["pairs"] or "symbol" in analysis["patching"]["pairs"]
+        assert printed.startswith("unlearned (accuracy per symbol split")
     else:
         assert len(analysis["probes"]["accuracy"]) == 3  # embedding + 2 blocks
         rules = analysis["verdict"]["parity_rules"]  # what each variable's answers compute
