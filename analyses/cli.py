@@ -12,7 +12,7 @@ from pathlib import Path
 from tasks import ConfigError
 
 EXIT_CONFIG, EXIT_DIVERGED = 2, 3
-DEFAULT_PRESET = {"lego": "lego-cpu", "composite": "composite-cpu"}
+DEFAULT_PRESET = {"lego": "lego-cpu", "composite": "composite-cpu", "templates": "templates-cpu"}
 _DESCRIPTION = ("Train small transformers on synthetic reasoning tasks and look inside them. "
                 "Exit status: 0 done, 2 bad configuration (nothing written), 3 training diverged.")
 
@@ -147,11 +147,11 @@ def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from models.runs import CONFIG, TRAIN_STATE, read_config
+    from models.runs import CONFIG, read_config
 
-    if args.resume:
-        if not (args.out / TRAIN_STATE).exists():
-            raise ConfigError(f"--resume: {args.out} has no {TRAIN_STATE}; there is nothing to resume")
+    if args.resume:  # a config without a train state (a crash before the first checkpoint) restarts at step 0
+        if not (args.out / CONFIG).exists():
+            raise ConfigError(f"--resume: {args.out} has no {CONFIG}; there is nothing to resume")
         if args.preset or args.task or args.overrides:
             raise ConfigError("--resume continues the stored config.json; drop --preset/--task/--set")
         cfg = read_config(args.out)
@@ -170,7 +170,7 @@ def _check_new_run_folder(out: Path) -> None:
     """--out must name a folder that is new, empty or a run folder with nothing but run files
     (which `train` then refuses as 'already holds a run' and `demo` replaces): never a file, the
     current folder by an empty name, or a folder holding someone's other files."""
-    from models.runs import CONFIG, RUN_FILES
+    from models.runs import CONFIG, LOCK, RUN_FILES
 
     if str(out) in ("", "."):
         raise ConfigError("--out is empty or '.'; name a folder for the run, e.g. --out runs/x")
@@ -179,22 +179,22 @@ def _check_new_run_folder(out: Path) -> None:
     if not out.exists():
         return
     others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
-    if others or (any(out.iterdir()) and not (out / CONFIG).exists()):
+    if others or (any(p.name != LOCK for p in out.iterdir()) and not (out / CONFIG).exists()):
         listed = ", ".join(others[:5]) or "run files without a config.json"
         raise ConfigError(f"--out {out} holds files that are not a run's ({listed}); choose a new or empty folder")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from models.runs import RUN_FILES
+    from models.runs import LOCK, RUN_FILES, run_lock
 
     cfg = _resolve_config(args, "lego-cpu", "lego")
     started = time.perf_counter()
     _check_new_run_folder(args.out)
-    if args.out.exists():  # the demo always starts fresh, but deletes only a run folder's own files
-        for path in args.out.iterdir():
-            if path.name in RUN_FILES:
+    with run_lock(args.out):  # nobody else writes the folder while the demo empties and retrains it
+        for path in args.out.iterdir():  # the demo starts fresh, but deletes only a run folder's own files
+            if path.name in RUN_FILES and path.name != LOCK:
                 path.unlink()
-    status = _train(cfg, args.out, resume=False, progress=not args.no_progress)
+        status = _train(cfg, args.out, resume=False, progress=not args.no_progress)
     if status == 0:
         _cmd_report(argparse.Namespace(run_dir=args.out))
         print(f"demo finished in {time.perf_counter() - started:.0f} s; open {args.out / 'report.html'} in a browser")
@@ -211,7 +211,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from interp.analysis import analyze_run, write_analysis
+    from interp.analysis import analyze_run, task_analysis, write_analysis
     from interp.run_report import write_run_report
     from models.runs import load_run
 
@@ -221,9 +221,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     analysis = analyze_run(run, n_samples=args.samples, seed=args.seed)
     json_path = write_analysis(run, analysis)
     report_path = write_run_report(run, analysis=analysis)
-    verdict = analysis["verdict"]
-    print(json.dumps(verdict.get("verdict") or verdict.get("findings")))
-    print(f"wrote {json_path} and {report_path} in {analysis['seconds']:.0f} s")
+    print(task_analysis(analysis.task).headline(analysis.verdict))
+    print(f"wrote {json_path} and {report_path} in {analysis.seconds:.0f} s")
     return 0
 
 

@@ -3,26 +3,90 @@ without pickle (safetensors for tensors, JSON for the rest)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import platform
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
 from models.config import RunConfig
-from tasks import Task, make_task
+from tasks import ConfigError, Task, make_task
 
 CONFIG, WEIGHTS, TRAIN_STATE, METRICS = "config.json", "model.safetensors", "train_state.safetensors", "metrics.jsonl"
 MIMIC = "mimic.json"  # losses of mimicking pre-training, when the run had any
 ANALYSIS, REPORT = "analysis.json", "report.html"
-RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, ANALYSIS, REPORT}  # what a run folder may hold
+LOCK = ".workbench.lock"  # present while a process writes the folder (holds its pid)
+RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, ANALYSIS, REPORT, LOCK}  # what a run folder may hold
 PACKAGES = ("interp-workbench", "torch", "transformer-lens", "circuitsvis", "numpy")
+
+
+class RunFolderError(ConfigError):
+    """A run folder's file is unreadable or inconsistent, or another process writes the folder.
+    The message names the file and what is wrong; the CLI exits 2."""
+
+
+_HELD: dict[Path, tuple[int, int]] = {}  # folder -> (lock fd, re-entry count), this process's locks
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | Path) -> Iterator[None]:
+    """Hold the folder's write lock: one writer per run folder. Taken before anything is written
+    (the folder is created if needed) and released on exit, however the block ends. A second
+    writer gets RunFolderError naming the holder's pid. A lock left by a killed process is free
+    again (the kernel drops flock locks with their process), so it is taken over. Re-entrant
+    within one process. POSIX only (fcntl.flock)."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _HELD:
+        fd, count = _HELD[run_dir]
+        _HELD[run_dir] = (fd, count + 1)
+        try:
+            yield
+        finally:
+            fd, count = _HELD[run_dir]
+            _HELD[run_dir] = (fd, count - 1)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = _acquire(run_dir / LOCK)
+    _HELD[run_dir] = (fd, 1)
+    try:
+        yield
+    finally:
+        del _HELD[run_dir]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(run_dir / LOCK)  # unlinked while still locked: a waiting opener retries on the new file
+        os.close(fd)
+
+
+def _acquire(path: Path) -> int:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunFolderError(f"{path.parent} is being written by another process (pid {holder}); wait for it "
+                                 f"to finish or stop it, then try again") from None
+        try:
+            same_file = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same_file = False
+        if same_file:  # not a file its last holder unlinked after we opened it
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            return fd
+        os.close(fd)
 
 
 def package_versions() -> dict[str, str]:
@@ -45,7 +109,32 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def save_tensors(path: Path, tensors: dict[str, Tensor], meta: dict[str, str] | None = None) -> None:
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=meta)
+    os.chmod(tmp, 0o644)  # like the folder's other files (safetensors creates 0600)
     os.replace(tmp, path)
+
+
+def weights_digest(tensors: dict[str, Tensor]) -> str:
+    """sha256 over the tensors' names and bytes: the weights file and the train state carry it,
+    so resume can tell whether the weights file is the checkpoint's."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].detach().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Tensors and metadata of a safetensors file; RunFolderError when it is damaged."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            return {k: f.get_tensor(k) for k in f.keys()}, meta  # noqa: SIM118 (a safetensors handle, not a dict)
+    except FileNotFoundError:
+        raise RunFolderError(f"{path} does not exist") from None
+    except Exception as err:  # safetensors raises its own SafetensorError and OSError variants
+        raise RunFolderError(f"{path} is damaged ({type(err).__name__}: {err})") from None
 
 
 def write_config(run_dir: Path, cfg: RunConfig) -> None:
@@ -54,16 +143,39 @@ def write_config(run_dir: Path, cfg: RunConfig) -> None:
 
 
 def read_config(run_dir: Path) -> RunConfig:
-    data = json.loads((Path(run_dir) / CONFIG).read_text())
+    path = Path(run_dir) / CONFIG
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunFolderError(f"{path} does not exist; {run_dir} holds no run") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunFolderError(f"{path} is unreadable ({err})") from None
+    if not isinstance(data, dict):
+        raise RunFolderError(f"{path} is not a JSON object")
     data.pop("versions", None)
     return RunConfig.from_dict(data)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl. A damaged last line (what a crash in mid-write leaves) is
+    dropped with a warning; a damaged earlier line is a RunFolderError naming it."""
     path = Path(run_dir) / METRICS
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(number, line) for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
+    records = []
+    for index, (number, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not a record with an integer step")
+        except ValueError as err:
+            if index == len(lines) - 1:
+                warnings.warn(f"{path}: dropped its damaged last line {number} ({err})", stacklevel=2)
+                break
+            raise RunFolderError(f"{path}: line {number} is damaged ({err}); only a damaged last line can be dropped") from None
+        records.append(record)
+    return records
 
 
 def run_state(run_dir: Path, cfg: RunConfig) -> str:
@@ -94,11 +206,11 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> LoadedRun:
 
     run_dir = Path(run_dir)
     if not (run_dir / WEIGHTS).exists():
-        raise FileNotFoundError(f"{run_dir / WEIGHTS} does not exist; train the run first (workbench train --out {run_dir})")
+        raise RunFolderError(f"{run_dir / WEIGHTS} does not exist; train the run first (workbench train --out {run_dir})")
     cfg = read_config(run_dir)
     task = make_task(cfg.task)
     model = build_model(cfg.model, task, seed=cfg.train.seed, device=device)
-    load_weights(model, load_file(str(run_dir / WEIGHTS)))
+    load_weights(model, read_tensors(run_dir / WEIGHTS)[0])
     model.eval()
     return LoadedRun(run_dir, cfg, task, model, read_metrics(run_dir))
 
@@ -109,7 +221,7 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor]) -> None:
     params = unique_parameters(model)
     missing = set(params) - set(tensors)
     if missing:
-        raise ValueError(f"the weights file lacks {sorted(missing)[:5]}...; was it written for another config?")
+        raise RunFolderError(f"the weights file lacks {sorted(missing)[:5]}...; was it written for another config?")
     with torch.no_grad():
         for name, param in params.items():
             param.copy_(tensors[name])

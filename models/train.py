@@ -12,6 +12,7 @@ import math
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -20,7 +21,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from models.config import RunConfig, TrainConfig
@@ -32,12 +32,16 @@ from models.runs import (
     TRAIN_STATE,
     WEIGHTS,
     LoadedRun,
+    RunFolderError,
     load_run,
     load_weights,
     read_config,
     read_metrics,
+    read_tensors,
+    run_lock,
     run_state,
     save_tensors,
+    weights_digest,
     write_config,
 )
 from tasks import Batch, ConfigError, logits_at_labels, make_task, seeded_generator
@@ -173,7 +177,7 @@ class Trainer:
         # denormal floats make CPU matmuls several times slower once small weights decay (large
         # init, gamma ~0.3); flushing them to zero changes no result we measure
         torch.set_flush_denormal(True)
-        with deterministic_on_cpu(self.device):
+        with run_lock(self.run_dir), deterministic_on_cpu(self.device):
             return self._fit()
 
     def _fit(self) -> TrainResult:
@@ -199,6 +203,13 @@ class Trainer:
         return TrainResult(self.step, self.elapsed, record or (read_metrics(self.run_dir) or [{}])[-1])
 
     def _start(self) -> None:
+        """A new run. Checked again under the folder's lock: a run another process finished
+        meanwhile is never overwritten. Only a run of this same config that crashed before its
+        first checkpoint is started again."""
+        if (self.run_dir / CONFIG).exists():
+            same = read_config(self.run_dir).to_dict() == self.cfg.to_dict()
+            if not same or (self.run_dir / TRAIN_STATE).exists():
+                raise RunFolderError(f"{self.run_dir} already holds a run; use --resume to continue it or choose another folder")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_config(self.run_dir, self.cfg)
         (self.run_dir / METRICS).write_text("")
@@ -277,33 +288,60 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
 
     def _checkpoint(self) -> None:
-        """Weights, optimizer moments and RNG states in one file, replaced atomically."""
-        tensors = {f"model.{k}": v for k, v in unique_parameters(self.model).items()}
+        """Weights, optimizer moments and RNG states in one file, replaced atomically; then the
+        weights file. Both carry the step and the weights' digest, so resume can tell a weights
+        file that is not the checkpoint's (a kill between the two writes) and restore it."""
+        weights = unique_parameters(self.model)
+        tensors = {f"model.{k}": v for k, v in weights.items()}
         for index, state in self.optimizer.state_dict()["state"].items():
             tensors.update({f"optim.{index}.{k}": torch.as_tensor(v) for k, v in state.items()})
         tensors["rng.data"], tensors["rng.depth"] = self.data_gen.get_state(), self.depth_gen.get_state()
-        meta = {"step": str(self.step), "elapsed": repr(self.elapsed),
-                "loss_sum": repr(self.loss_sum), "loss_count": str(self.loss_count)}
+        stamp = {"step": str(self.step), "digest": weights_digest(weights)}
+        meta = {**stamp, "elapsed": repr(self.elapsed), "loss_sum": repr(self.loss_sum), "loss_count": str(self.loss_count)}
         save_tensors(self.run_dir / TRAIN_STATE, tensors, meta)
-        save_tensors(self.run_dir / WEIGHTS, unique_parameters(self.model))
+        save_tensors(self.run_dir / WEIGHTS, weights, stamp)
 
     def _restore(self) -> None:
+        """Continue from the train state. It is the truth: a weights file that is missing,
+        damaged or of another step is rewritten from it. A folder with a config but no train
+        state (a crash before the first checkpoint) starts again from step 0."""
         path = self.run_dir / TRAIN_STATE
         if not path.exists():
-            raise FileNotFoundError(f"--resume: {path} does not exist; there is no checkpoint to resume from")
-        from safetensors import safe_open
-
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata()
-        tensors = load_file(str(path))
-        load_weights(self.model, {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+            if not (self.run_dir / CONFIG).exists():
+                raise RunFolderError(f"--resume: {self.run_dir} holds no run ({CONFIG}); there is nothing to resume")
+            warnings.warn(f"{path} does not exist (the run stopped before its first checkpoint); starting from step 0",
+                          stacklevel=2)
+            (self.run_dir / METRICS).write_text("")
+            if self.cfg.train.mimic_steps:
+                self._mimic()
+            return
+        tensors, meta = read_tensors(path)
+        if not {"step", "elapsed", "loss_sum", "loss_count", "rng.data"} <= set(meta) | set(tensors):
+            raise RunFolderError(f"{path} lacks the fields of a train state; it was not written by this workbench")
+        weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+        load_weights(self.model, weights)
         self._load_optimizer_state(tensors)
         self.data_gen.set_state(tensors["rng.data"])
         self.depth_gen.set_state(tensors["rng.depth"])
         self.step, self.elapsed = int(meta["step"]), float(meta["elapsed"])
         self.loss_sum, self.loss_count = float(meta["loss_sum"]), int(meta["loss_count"])
+        self._restore_weights_file(weights, meta)
         kept = [r for r in read_metrics(self.run_dir) if r["step"] <= self.step and not r.get("diverged")]
         (self.run_dir / METRICS).write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def _restore_weights_file(self, weights: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+        stamp = {"step": meta["step"], "digest": meta.get("digest") or weights_digest(weights)}
+        path = self.run_dir / WEIGHTS
+        try:
+            stored, stored_meta = read_tensors(path)
+            if stored_meta.get("digest") == stamp["digest"] or (
+                "digest" not in stored_meta and weights_digest(stored) == stamp["digest"]):
+                return
+            problem = f"holds the weights of step {stored_meta.get('step', '?')}, not the checkpoint's step {meta['step']}"
+        except RunFolderError as err:
+            problem = str(err)
+        warnings.warn(f"{path}: {problem}; rewritten from {TRAIN_STATE}", stacklevel=2)
+        save_tensors(path, weights, stamp)
 
     def _load_optimizer_state(self, tensors: dict[str, torch.Tensor]) -> None:
         state: dict[int, dict[str, torch.Tensor]] = {}

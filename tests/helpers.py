@@ -31,7 +31,9 @@ class Killed(Exception):
 
 
 def kill_then_resume(cfg: RunConfig, run_dir, monkeypatch, at_step: int = 15) -> None:
-    """Train `cfg` into `run_dir`, die before step `at_step + 1`, then resume to the end."""
+    """Train `cfg` into `run_dir`, die before step `at_step + 1`, then resume to the end. Checks
+    that the resumed run starts at the last checkpoint, not at step 0 (which, with the same
+    seed, would end with the same weights too)."""
     import pytest
 
     from models.train import Trainer
@@ -47,7 +49,13 @@ def kill_then_resume(cfg: RunConfig, run_dir, monkeypatch, at_step: int = 15) ->
     monkeypatch.setattr(killed, "_train_step", dying_step)
     with pytest.raises(Killed):
         killed.fit()
-    Trainer(cfg, run_dir, resume=True, progress=False).fit()
+    resumed = Trainer(cfg, run_dir, resume=True, progress=False)
+    steps_run = []
+    resumed_step = resumed._train_step
+    monkeypatch.setattr(resumed, "_train_step", lambda batch: steps_run.append(resumed.step) or resumed_step(batch))
+    resumed.fit()
+    checkpoint = at_step // cfg.train.checkpoint_every * cfg.train.checkpoint_every
+    assert steps_run == list(range(checkpoint, cfg.train.steps)), "resume did not start at the last checkpoint"
 
 
 def lego_reference_values(text: str) -> dict[str, str]:

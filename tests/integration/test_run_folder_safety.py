@@ -1,0 +1,214 @@
+"""Run folders that cannot be corrupted (issue 16): one writer per folder, resume that checks what
+it resumes, folders usable again after a crash, damaged files as exit 2 naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from analyses.cli import main
+from models.runs import LOCK, METRICS, TRAIN_STATE, WEIGHTS, read_metrics, run_lock
+from models.train import Trainer
+from tests.helpers import tiny_composite_run
+
+SHORT = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=40", "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20",
+         "--set", "train.eval_size=200", "--no-progress"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    x, y = load_file(str(a / WEIGHTS)), load_file(str(b / WEIGHTS))
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def workbench(*args: str, cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "analyses.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def two_writers(tmp_path: Path, rounds: int) -> None:
+    """Two trainings of different configs into one folder, started together: exactly one trains,
+    the other exits 2, and the folder is the winner's run alone."""
+    configs = {"a": ["--set", "train.seed=0"], "b": ["--set", "train.seed=1", "--set", "train.lr=3e-3"]}
+    for name, extra in configs.items():
+        assert main(["train", "--preset", "composite-cpu", "--out", str(tmp_path / f"ref-{name}"), *SHORT, *extra]) == 0
+    for round_ in range(rounds):
+        out = tmp_path / f"race{round_}"
+        procs = {name: workbench("train", "--preset", "composite-cpu", "--out", str(out), *SHORT, *extra, cwd=tmp_path)
+                 for name, extra in configs.items()}
+        codes = {name: proc.wait(timeout=300) for name, proc in procs.items()}
+        errors = {name: proc.stderr.read() for name, proc in procs.items()}
+        assert sorted(codes.values()) == [0, 2], (codes, errors)
+        winner = next(name for name, code in codes.items() if code == 0)
+        loser = next(name for name in codes if name != winner)
+        assert "being written by another process (pid" in errors[loser] or "already holds a run" in errors[loser]
+        assert same_weights(out, tmp_path / f"ref-{winner}")
+        stored = json.loads((out / "config.json").read_text())["train"]
+        assert stored["seed"] == (0 if winner == "a" else 1)
+        records = read_metrics(out)
+        assert [r["step"] for r in records] == [20, 40]
+        reference = read_metrics(tmp_path / f"ref-{winner}")
+        assert [r["eval_loss"] for r in records] == [r["eval_loss"] for r in reference]
+        assert not (out / LOCK).exists()
+
+
+def test_two_writers_into_one_folder_one_trains_the_other_exits_2(tmp_path):
+    two_writers(tmp_path, rounds=2)
+
+
+@pytest.mark.slow
+def test_two_writers_into_one_folder_twenty_times(tmp_path):
+    two_writers(tmp_path, rounds=20)
+
+
+def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
+    out = tmp_path / "run"
+    with run_lock(out):
+        assert (out / LOCK).read_text() == str(os.getpid())
+        other = workbench("train", "--preset", "composite-cpu", "--out", str(out), *SHORT, cwd=tmp_path)
+        assert other.wait(timeout=120) == 2
+        assert f"pid {os.getpid()}" in other.stderr.read()
+        assert sorted(p.name for p in out.iterdir()) == [LOCK]  # the refused writer wrote nothing
+    assert not (out / LOCK).exists()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from models.runs import run_lock
+        with run_lock({str(out)!r}):
+            print("locked", flush=True)
+            os.kill(os.getpid(), 9)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    holder.wait(timeout=60)
+    assert (out / LOCK).exists()  # the killed holder could not clean up
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
+    assert not (out / LOCK).exists()
+
+
+def test_a_kill_between_the_two_checkpoint_files_resumes_to_the_uninterrupted_weights(tmp_path):
+    """Killed after train_state is written and before model.safetensors, at the last step: the
+    weights file is the previous checkpoint's. Resume notices and restores it. Both runs train
+    in a subprocess of one thread count, so their floating-point sums agree bit for bit."""
+    def train_in_subprocess(out: Path, kill_at: str) -> int:
+        script = textwrap.dedent(f"""
+            import os, sys
+            sys.path.insert(0, {str(REPO)!r})
+            import torch
+            torch.set_num_threads(1)
+            import models.train
+            from analyses.cli import main
+            original = models.train.save_tensors
+            def dying_save(path, tensors, meta=None):
+                if path.name == {WEIGHTS!r} and meta and meta["step"] == {kill_at!r}:
+                    os._exit(9)  # after the train state of this step, before its weights
+                return original(path, tensors, meta)
+            models.train.save_tensors = dying_save
+            sys.exit(main(["train", "--preset", "composite-cpu", "--out", {str(out)!r}, *{SHORT!r}]))
+        """)
+        return subprocess.run([sys.executable, "-c", script], timeout=300).returncode
+
+    assert train_in_subprocess(tmp_path / "whole", kill_at="never") == 0
+    out = tmp_path / "killed"
+    assert train_in_subprocess(out, kill_at="40") == 9
+    assert not same_weights(out, tmp_path / "whole")  # the stale weights of step 20
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.warns(UserWarning, match="holds the weights of step 20, not the checkpoint's step 40"):
+            assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert same_weights(out, tmp_path / "whole")
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "garbage"])
+def test_resume_restores_missing_or_damaged_weights_of_a_finished_run(tmp_path, damage):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "whole" / WEIGHTS).write_bytes((out / WEIGHTS).read_bytes())
+    weights = out / WEIGHTS
+    if damage == "deleted":
+        weights.unlink()
+    elif damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:100])
+    else:
+        weights.write_bytes(os.urandom(4000))
+    with pytest.warns(UserWarning, match=f"rewritten from {TRAIN_STATE}"):
+        assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
+    assert same_weights(out, tmp_path / "whole")
+
+
+def test_a_damaged_train_state_is_exit_2_naming_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
+    (out / TRAIN_STATE).write_bytes(b"\x00" * 64)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 2
+    assert f"{out / TRAIN_STATE} is damaged" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_crash_before_the_first_checkpoint_leaves_a_folder_that_resumes_from_step_0(tmp_path, monkeypatch):
+    cfg = tiny_composite_run(steps=20)
+    Trainer(cfg, tmp_path / "whole", progress=False).fit()
+    out = tmp_path / "crashed"
+    crashed = Trainer(cfg, out, progress=False)
+    monkeypatch.setattr(crashed, "_train_step", lambda batch: (_ for _ in ()).throw(MemoryError("out of memory")))
+    with pytest.raises(MemoryError):
+        crashed.fit()
+    assert (out / "config.json").exists() and not (out / TRAIN_STATE).exists()
+    with pytest.warns(UserWarning, match="starting from step 0"):
+        assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
+    assert same_weights(out, tmp_path / "whole")
+    assert read_metrics(out) and [r["step"] for r in read_metrics(out)] == [r["step"] for r in read_metrics(tmp_path / "whole")]
+
+
+def test_a_damaged_last_metrics_line_is_dropped_with_a_warning_an_earlier_one_is_exit_2(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
+    lines = (out / METRICS).read_text().splitlines()
+    (out / METRICS).write_text("\n".join(lines) + '\n{"step": 60, "train_lo')  # a crash in mid-write
+    with pytest.warns(UserWarning, match="dropped its damaged last line 3"):
+        assert main(["report", str(out)]) == 0
+    (out / METRICS).write_text("\n".join([lines[0][:30], lines[1]]) + "\n")
+    assert main(["report", str(out)]) == 2
+    assert f"{out / METRICS}: line 1 is damaged" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b"\xff\xfe"])
+def test_an_unreadable_config_is_exit_2_naming_the_file(tmp_path, capsys, content):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
+    (out / "config.json").write_bytes(content)
+    for command in (["report", str(out)], ["analyze", str(out)], ["train", "--out", str(out), "--resume"]):
+        assert main(command) == 2
+        assert str(out / "config.json") in capsys.readouterr().err
+
+
+def test_weight_files_are_as_readable_as_the_other_run_files(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes[WEIGHTS] == modes[TRAIN_STATE] == modes["config.json"], modes
+
+
+@pytest.mark.parametrize("command", [["report"], ["analyze"], ["benchmark", "--patching"]])
+def test_commands_on_a_missing_run_folder_exit_2_naming_it(tmp_path, capsys, command):
+    missing = tmp_path / "nowhere"
+    assert main([*command, str(missing)]) == 2
+    assert str(missing) in capsys.readouterr().err
+    assert not missing.exists()
