@@ -41,7 +41,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from models.planted import set_context_tokens
+from models.planted import token_context
 from tasks import Batch
 
 Metric = Callable[[Float[Tensor, "batch pos d_vocab_out"]], Float[Tensor, " batch"]]
@@ -321,15 +321,15 @@ def activation_patch(
     keep = {a.name(layer) for layer in sweep.layers for a in (pre, post, sweep.activation)}
     logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]), names_filter=lambda h: h in keep)
     target_tokens = corrupted_tokens if direction == DIRECTIONS[0] else clean_tokens
-    set_context_tokens(model, target_tokens)  # planted heads: later runs start from a residual stream
     clean_metric, corrupted_metric = _baselines(metric, logits, n)
     source, target = _source_target(direction, n)
     cells = _cells(model, sweep, n_pos, clean_tokens.device)
-    raw = torch.stack([
-        _sweep_layer(model, layer, sweep.activation, cache[pre.name(layer)][target], cache[post.name(layer)][target],
-                     cache[sweep.activation.name(layer)][source], cells, metric, max_batch)
-        for layer in sweep.layers
-    ])
+    with token_context(model, target_tokens):  # planted heads: the runs below start from a residual stream
+        raw = torch.stack([
+            _sweep_layer(model, layer, sweep.activation, cache[pre.name(layer)][target], cache[post.name(layer)][target],
+                         cache[sweep.activation.name(layer)][source], cells, metric, max_batch)
+            for layer in sweep.layers
+        ])
     return _result(sweep, raw.view(cells.shape).cpu(), "exact", clean_metric, corrupted_metric)
 
 

@@ -13,6 +13,9 @@ Shape glossary: batch, head_index, query_pos, key_pos.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -91,34 +94,47 @@ def parse_planted(spec: dict[str, str], n_layers: int, n_heads: int) -> dict[int
 def install_planted_heads(model, task: Task, spec: dict[str, str]) -> None:
     """Replace the chosen heads' `hook_pattern` with planted patterns, as permanent hooks.
 
-    The token ids are captured by a wrapper around the model's forward. A forward that starts from a
-    residual stream (`start_at_layer`, as batched patching does) reuses the last token ids, tiled
-    when the batch is a whole multiple of theirs (patch cells stacked as copies of the batch).
+    A planted pattern needs the token ids of the forward pass it runs in. A wrapper around the
+    model's forward takes them from the input (token ids), from the `tokens=` argument of a
+    forward that starts from a residual stream (`start_at_layer`), or from an enclosing
+    `token_context(model, tokens)` (batched patching, whose stacked cells are copies of one
+    target batch: the ids are tiled to the batch). They hold for that forward only. Anything
+    else, such as a block called on its own, fails loudly instead of reusing stale ids.
     """
     plan = parse_planted(spec, model.cfg.n_layers, model.cfg.n_heads)
-    state: dict[str, Tensor] = {}
+    state: dict[str, Tensor | None] = {"tokens": None, "context": None}
     original_forward = model.forward
 
-    def forward_remembering_tokens(input, *args, **kwargs):
+    def forward_with_tokens(input, *args, **kwargs):
         # wrap forward itself, not a forward pre-hook: TransformerLens's run_with_hooks calls
         # model.forward directly, which skips nn.Module hooks
         if isinstance(input, Tensor) and not input.is_floating_point():
-            state["tokens"] = input
-        return original_forward(input, *args, **kwargs)
+            tokens = input
+        else:
+            tokens = kwargs.get("tokens") if kwargs.get("tokens") is not None else state["context"]
+        outer, state["tokens"] = state["tokens"], tokens
+        try:
+            return original_forward(input, *args, **kwargs)
+        finally:
+            state["tokens"] = outer
 
-    model.forward = forward_remembering_tokens
+    model.forward = forward_with_tokens
     model.planted_state = state
     for layer, heads in plan.items():
         model.add_hook(f"blocks.{layer}.attn.hook_pattern", _pattern_hook(heads, task, state), is_permanent=True)
     model.planted_plan = plan
 
 
-def _pattern_hook(heads: dict[int, str], task: Task, state: dict[str, Tensor]):
+def _pattern_hook(heads: dict[int, str], task: Task, state: dict[str, Tensor | None]):
     def hook(pattern: Tensor, hook) -> Tensor:
         tokens = state["tokens"]
+        if tokens is None:
+            raise RuntimeError(
+                f"planted heads in {hook.name}: this forward has no token ids. A forward that starts from a "
+                "residual stream must pass tokens=..., or run inside models.planted.token_context(model, tokens)")
         if pattern.shape[0] != tokens.shape[0]:
             if pattern.shape[0] % tokens.shape[0]:
-                raise RuntimeError(f"planted heads: batch {pattern.shape[0]} is no multiple of the last tokens' {tokens.shape[0]}")
+                raise RuntimeError(f"planted heads: batch {pattern.shape[0]} is no multiple of the token ids' {tokens.shape[0]}")
             tokens = tokens.repeat(pattern.shape[0] // tokens.shape[0], 1)
         pattern = pattern.clone()
         for head, kind in heads.items():
@@ -128,10 +144,17 @@ def _pattern_hook(heads: dict[int, str], task: Task, state: dict[str, Tensor]):
     return hook
 
 
-def set_context_tokens(model, tokens: Int[Tensor, "batch pos"]) -> None:
-    """Tell planted heads which token ids the next forwards that start from a residual stream
-    belong to (patching runs copies of the *target* batch from block l on). No-op for models
+@contextlib.contextmanager
+def token_context(model, tokens: Int[Tensor, "batch pos"]) -> Iterator[None]:
+    """Inside this block, forwards that start from a residual stream without `tokens=` belong
+    to these token ids (tiled when their batch is a whole multiple). A no-op for models
     without planted heads."""
     state = getattr(model, "planted_state", None)
-    if state is not None:
-        state["tokens"] = tokens
+    if state is None:
+        yield
+        return
+    outer, state["context"] = state["context"], tokens
+    try:
+        yield
+    finally:
+        state["context"] = outer

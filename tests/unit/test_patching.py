@@ -352,7 +352,7 @@ def test_exact_patching_of_a_model_with_planted_heads_matches_transformer_lens(g
     clean = task.sample(8, gen, split="test", aligned=True)
     corrupted, _ = task.corrupt(clean, gen, depth=0)
     metric = logit_diff_metric(clean, corrupted, label_index=2)
-    ours = patch_head_out_by_pos(model, clean.tokens, corrupted.tokens, metric)  # leaves state behind
+    ours = patch_head_out_by_pos(model, clean.tokens, corrupted.tokens, metric)
     _, clean_cache = model.run_with_cache(clean.tokens)
     theirs = get_act_patch_attn_head_out_by_pos(model, corrupted.tokens, clean_cache, lambda logits: metric(logits).mean())
     assert (ours.raw - theirs).abs().max() <= 1e-4
@@ -380,3 +380,30 @@ def test_agreement_by_slot_covers_every_slot_the_corruption_changes(gen):
     slots = sorted({key.split("_")[0] for key in results})
     assert slots == [f"slot{i}" for i in range(1, LEGO.cfg.n_vars)]
     assert all(-1 <= results[f"{slot}_spearman_head_out"] <= 1 for slot in slots)
+
+
+def test_planted_heads_read_the_token_ids_of_each_forward_or_fail_loudly(gen):
+    """No hidden state survives a forward: a start_at_layer pass gets its ids from `tokens=` or a
+    token_context, and without either it raises instead of reusing the last batch's ids."""
+    from models.config import ModelConfig
+    from models.planted import token_context
+
+    task = LegoTask(LegoConfig(n_vars=6, n_supervised=3))
+    model = build_model(ModelConfig(n_layers=3, d_model=32, n_heads=2, planted={"1.0": "association"}), task, seed=1)
+    first, second = task.sample(4, gen, split="test"), task.sample(4, gen, split="test")
+    _, cache = model.run_with_cache(second.tokens)
+    resid = cache["blocks.1.hook_resid_pre"]
+    whole = model(second.tokens)
+    model(first.tokens)  # the last forward saw other ids
+    with pytest.raises(RuntimeError, match="has no token ids"):
+        model(resid, start_at_layer=1)
+    torch.testing.assert_close(model(resid, start_at_layer=1, tokens=second.tokens), whole)
+    with token_context(model, second.tokens):
+        torch.testing.assert_close(model(resid.repeat(2, 1, 1), start_at_layer=1), whole.repeat(2, 1, 1))
+        model(first.tokens)  # a forward from token ids inside the context uses its own ids ...
+        torch.testing.assert_close(model(resid, start_at_layer=1), whole)  # ... and leaves the context alone
+    with pytest.raises(RuntimeError, match="has no token ids"):
+        model(resid, start_at_layer=1)
+    # the stale ids would have given another answer: the failure guards a real difference
+    wrong = model(resid, start_at_layer=1, tokens=first.tokens)
+    assert not torch.allclose(wrong, whole)
