@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from interp.plateau import hop_pull, residual_similarity
+from interp.solutions import predictions
 from models.runs import load_run
 from tasks import LegoTask, seeded_generator
 
@@ -30,6 +31,8 @@ def describe(run_dir: str, n: int, identity_prob: float, seed: int = 0) -> list[
     collapse = residual_similarity(run.model, data["uniform"].tokens[:256])
     lines = [f"{run_dir}:", "  mean cosine between positions, embedding then each block: "
              + " ".join(f"{c:.2f}" for c in collapse.tolist())]
+    if run.task.cfg.forest_fraction > 0:
+        lines += forest_accuracy(run, n=4000, seed=seed)
     for variable in range(2, run.task.cfg.n_vars):
         cells = []
         for name, batch in data.items():
@@ -41,6 +44,26 @@ def describe(run_dir: str, n: int, identity_prob: float, seed: int = 0) -> list[
                          f"(attention {att:.3f}); most attention on the parent {most[3]:.3f} at L{most[1]}H{most[2]} "
                          f"{most[0]} (uniform {pull.uniform:.3f})")
         lines.append(f"  #{variable}  " + "; ".join(cells))
+    return lines
+
+
+def forest_accuracy(run, n: int, seed: int) -> list[str]:
+    """Accuracy on forest sentences of the supervised variables, by hops from the value their
+    sub-chain starts at, apart for sentences with one value and with several. With several, a
+    variable one hop from a value needs the hop, or guesses among the sentence's values."""
+    task = LegoTask(dataclasses.replace(run.task.cfg, min_vars=None, forest_fraction=1.0))
+    batch = task.sample(n, seeded_generator(seed + 7))
+    correct = predictions(run.model, batch) == batch.labels
+    hops = torch.zeros_like(batch.labels)
+    for i in range(1, task.cfg.n_vars):
+        hops[:, i] = torch.where(batch.latents["cuts"][:, i], 0, hops[:, i - 1] + 1)
+    several = ((batch.tokens >= task.first_value).sum(1, keepdim=True) > 1).expand_as(hops)
+    lines = ["  forest sentences (supervised variables), accuracy by hops from a value:"]
+    for h in range(task.cfg.n_vars):
+        for multi, name in ((False, "one value"), (True, "several values")):
+            mask = (hops == h) & (several == multi) & batch.loss_mask
+            if mask.sum() >= 50:
+                lines.append(f"    {h} hops, {name}: {correct[mask].float().mean():.3f} (n = {int(mask.sum())})")
     return lines
 
 
