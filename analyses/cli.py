@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     study.add_argument("--address", help="with --backend ray: the cluster address (default: a local Ray instance)")
     study.add_argument("--seeds", type=_seed_list, help="comma-separated training seeds replacing the study's own "
                                                          "(e.g. 0,1; default: one at cpu scale, more at paper scale)")
+    study.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="composite studies: override every cell's base config, e.g. --set model.norm_position=post "
+                            "(repeatable; needs --out)")
     study.add_argument("--no-progress", action="store_true", help="no progress bars")
     study.set_defaults(run=_cmd_study)
 
@@ -244,7 +247,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers {args.workers} must be >= 1")
     started = time.perf_counter()
     results = run_study(args.name, args.out, args.scale, workers=args.workers, backend=args.backend,
-                        address=args.address, progress=not args.no_progress, seeds=args.seeds)
+                        address=args.address, progress=not args.no_progress, seeds=args.seeds,
+                        overrides=args.overrides)
     print(json.dumps(results.get("headline", {}), default=str))
     print(f"study {args.name} ({args.scale}) finished in {time.perf_counter() - started:.0f} s; "
           f"see {results.get('report', 'its folder')}")

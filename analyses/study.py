@@ -30,6 +30,7 @@ class StudyContext:
     address: str | None = None
     progress: bool = True
     seeds: tuple[int, ...] | None = None  # `--seeds 0,1`: replaces the study's own seeds
+    overrides: tuple[str, ...] = ()  # `--set model.norm_position=post`: applied to every cell's base config
 
     def seeds_or(self, default: list[int]) -> list[int]:
         """The seeds to train: the caller's when given, else the study's default for its scale."""
@@ -52,6 +53,7 @@ class Study:
     name: str  # e.g. "lego-extrapolation"
     summary: str  # one line for `workbench study --list`
     run: Callable[[StudyContext], dict[str, Any]]  # writes report.html and results.json, returns the results
+    accepts_overrides: bool = False  # whether the study applies `--set` to its cells' base config
 
 
 def all_studies() -> dict[str, Study]:
@@ -86,6 +88,12 @@ def run_study(name: str, out: str | Path | None = None, scale: str = "cpu", **op
             raise ConfigError(f"seeds {seeds} must be distinct non-negative integers")
         options["seeds"] = seeds
     study = get_study(name)
+    if options.get("overrides"):
+        options["overrides"] = tuple(options["overrides"])
+        if not study.accepts_overrides:
+            raise ConfigError(f"study {name!r} does not take --set; the composite studies do")
+        if out is None:
+            raise ConfigError("--set changes every cell, so name a study folder of its own with --out")
     path = Path(out) if out is not None else Path("runs/studies") / f"{name}-{scale}"
     path.mkdir(parents=True, exist_ok=True)
     return study.run(StudyContext(out=path, scale=scale, **options))

@@ -19,6 +19,7 @@ NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 POSITIONALS = ("standard", "rotary")
+NORM_POSITIONS = ("pre", "post")
 
 
 @dataclass
@@ -30,6 +31,10 @@ class ModelConfig:
     tie_layers: ALBERT-style; every block shares block 0's parameters, hooks stay per layer.
     min_depth: stochastic depth; each training batch runs the first d blocks, d drawn uniformly
       from min_depth..n_layers; evaluation always uses all n_layers.
+    norm_position: "pre" (TransformerLens's blocks: x + Attn(LN(x)), a final LN before the
+      unembedding) or "post" (the original Transformer and the composite paper's model:
+      x -> LN(x + Attn(x)) -> LN(. + MLP(.)), no final LN; models/factory.py, install_post_norm).
+      Post-LN needs normalization "LN".
     positional: "standard" (learned absolute) or "rotary" (relative; rotary_dim = d_head / 2, so
       half of each head's dimensions match content regardless of distance).
     identity_attention: per head trainable a_h, b_h (from 0) adding a_h X X^T to the scores and
@@ -56,6 +61,7 @@ class ModelConfig:
     d_mlp: int | None = None  # default 4 * d_model
     act_fn: str = "gelu"
     normalization: str = "LN"
+    norm_position: str = "pre"
     init_gamma: float | None = None
     tie_layers: bool = False
     min_depth: int | None = None
@@ -80,6 +86,10 @@ class ModelConfig:
             raise ConfigError(f"model.act_fn={self.act_fn!r} is unknown; use one of {ACT_FNS}")
         if self.normalization not in NORMALIZATIONS:
             raise ConfigError(f"model.normalization={self.normalization!r} is unknown; use one of {NORMALIZATIONS}")
+        if self.norm_position not in NORM_POSITIONS:
+            raise ConfigError(f"model.norm_position={self.norm_position!r} is unknown; use one of {NORM_POSITIONS}")
+        if self.norm_position == "post" and self.normalization != "LN":
+            raise ConfigError(f"model.norm_position='post' needs model.normalization='LN', not {self.normalization!r}")
         if self.positional not in POSITIONALS:
             raise ConfigError(f"model.positional={self.positional!r} is unknown; use one of {POSITIONALS}")
         if self.init_gamma is not None and self.init_gamma <= 0:

@@ -1,7 +1,8 @@
 """The one place that constructs TransformerLens models: `build_model(model_cfg, task)`.
 
 Variants are options of the one factory: encoder or decoder (from the task), init scale
-(`init_gamma`), tied layers (ALBERT), and a depth-limited forward for stochastic depth.
+(`init_gamma`), post-LN blocks, tied layers (ALBERT), and a depth-limited forward for
+stochastic depth.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
     tl_cfg = HookedTransformerConfig(
         n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, d_head=cfg.head_dim,
         d_mlp=cfg.mlp_dim, d_vocab=task.d_vocab, d_vocab_out=task.d_vocab_out, n_ctx=n_ctx,
-        act_fn=cfg.act_fn, normalization_type=cfg.normalization,
+        act_fn=cfg.act_fn, normalization_type=None if cfg.norm_position == "post" else cfg.normalization,
         attention_dir="causal" if task.causal else "bidirectional", default_prepend_bos=False,
         positional_embedding_type=cfg.positional, rotary_dim=cfg.head_dim // 2 if cfg.positional == "rotary" else None,
     )
@@ -44,6 +45,8 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
         model = HookedTransformer(tl_cfg)
         if cfg.init_gamma is not None:
             apply_init_scale(model, cfg.init_gamma)
+    if cfg.norm_position == "post":
+        install_post_norm(model)  # before tying, so tied blocks share their norms too
     if cfg.fixed_embeddings:
         fix_embeddings(model)
     if cfg.identity_attention:
@@ -81,6 +84,36 @@ def apply_init_scale(model: HookedTransformer, gamma: float) -> None:
                 param.normal_(0.0, fan_in(name, param) ** -gamma)
             elif leaf.startswith("b_"):
                 param.zero_()
+
+
+def install_post_norm(model: HookedTransformer) -> None:
+    """Post-LN blocks on a model built without norms (normalization_type=None): a trained
+    LayerNorm applied at each block's `hook_resid_mid` and `hook_resid_post` by permanent hooks,
+    so that block l computes mid = LN(x + Attn(x)), out = LN(mid + MLP(mid)), and no final LN.
+
+    The norms are submodules of their block (`blocks.{l}.ln_post_attn`, `.ln_post_mlp`), so they
+    are saved, loaded, tied and optimised like any parameter, and start at identity (init_gamma
+    leaves them alone). The hook names keep their meaning, and hold the normalised stream: what
+    the next sublayer reads, what a cache records and what patching replaces. The residual
+    stream is then no longer a sum of component outputs (README, Known limits)."""
+    from transformer_lens.components import LayerNorm
+
+    for layer, block in enumerate(model.blocks):
+        block.ln_post_attn, block.ln_post_mlp = LayerNorm(model.cfg), LayerNorm(model.cfg)
+        for point, norm in (("hook_resid_mid", block.ln_post_attn), ("hook_resid_post", block.ln_post_mlp)):
+            model.add_hook(f"blocks.{layer}.{point}", _apply_norm(norm), is_permanent=True)
+    model.post_norm = True
+
+
+def _apply_norm(norm: nn.Module):
+    def hook(resid: Tensor, hook) -> Tensor:
+        return norm(resid)
+
+    return hook
+
+
+def is_post_norm(model: HookedTransformer) -> bool:
+    return getattr(model, "post_norm", False)
 
 
 def fix_embeddings(model: HookedTransformer) -> None:
@@ -129,7 +162,8 @@ def forward(
     if depth is None or depth >= model.cfg.n_layers:
         return model(tokens)
     resid = model(tokens, stop_at_layer=depth)
-    return model.unembed(model.ln_final(resid))
+    final_norm = getattr(model, "ln_final", None)  # none in post-LN models: each block ends normalised
+    return model.unembed(final_norm(resid) if final_norm is not None else resid)
 
 
 def unique_parameters(model: nn.Module) -> dict[str, Tensor]:

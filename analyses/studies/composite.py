@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -35,17 +36,20 @@ VERDICT_MARK = {"inferential": "I", "symmetric": "S", "mixed": "M", "unlearned":
 EVAL_SAMPLES = {"tiny": 200, "cpu": 2000, "paper": 5000}
 
 
-def base_config(scale: str) -> RunConfig:
-    """The config every cell starts from. cpu: the composite-cpu preset for 600 steps (its
-    seen pairs are learned by step 400 at gamma 0.8, analyses/RESULTS.md)."""
+def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
+    """The config every cell starts from, with the study's `--set` overrides (e.g.
+    model.norm_position=post). cpu: the composite-cpu preset for 600 steps (its seen pairs are
+    learned by step 400 at gamma 0.8, analyses/RESULTS.md)."""
     if scale == "tiny":
-        return RunConfig(task=CompositeConfig(),
+        base = RunConfig(task=CompositeConfig(),
                          model=ModelConfig(n_layers=2, d_model=32, n_heads=1, d_mlp=64, init_gamma=0.5),
                          train=TrainConfig(steps=10, batch_size=32, warmup_steps=2, eval_every=5, eval_size=64,
                                            checkpoint_every=10))
-    if scale == "cpu":
-        return get_preset("composite-cpu").with_overrides(["train.steps=600"])
-    return get_preset("composite-paper")
+    elif scale == "cpu":
+        base = get_preset("composite-cpu").with_overrides(["train.steps=600"])
+    else:
+        base = get_preset("composite-paper")
+    return base.with_overrides(list(overrides))
 
 
 def phase_grid(scale: str) -> dict[str, list[Any]]:
@@ -166,7 +170,7 @@ def phase_figure(table: dict[str, dict[str, Any]]) -> plt.Figure:
 def run_phase(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
     grid = with_seeds(phase_grid(ctx.scale), ctx)
-    cells = grid_cells(base_config(ctx.scale), grid)
+    cells = grid_cells(base_config(ctx.scale, ctx.overrides), grid)
     points = dict(zip(cells, grid_points(grid)))
     trained = ctx.run_cells(cells, "runs")
     measured = _measure_cells(ctx, trained, "runs")
@@ -194,7 +198,7 @@ def run_phase(ctx: StudyContext) -> dict[str, Any]:
          "emb top-1", "emb top-3", "train s"]))
     report.write(ctx.out / "report.html")
     results = {"headline": headline, "table": table, "cells": measured, "grid": grid,
-               "base": base_config(ctx.scale).to_dict(), "seconds": round(time.perf_counter() - started, 1),
+               "base": base_config(ctx.scale, ctx.overrides).to_dict(), "seconds": round(time.perf_counter() - started, 1),
                "report": str(ctx.out / "report.html")}
     ctx.write_results(results)
     return results
@@ -232,8 +236,8 @@ def mechanism_measures(run: LoadedRun, scale: str) -> dict[str, Any]:
     }
 
 
-def contrast_cells(scale: str) -> dict[str, RunConfig]:
-    base = base_config(scale).with_overrides(["model.n_layers=2", "train.seed=0"])
+def contrast_cells(scale: str, overrides: Sequence[str] = ()) -> dict[str, RunConfig]:
+    base = base_config(scale, overrides).with_overrides(["model.n_layers=2", "train.seed=0"])
     return {name: base.with_overrides([f"model.init_gamma={gamma}"]) for name, gamma in contrast_gammas(scale).items()}
 
 
@@ -270,7 +274,7 @@ def flow_figure(measures: dict[str, dict[str, Any]]):
 
 def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
-    cells = contrast_cells(ctx.scale)
+    cells = contrast_cells(ctx.scale, ctx.overrides)
     trained = ctx.run_cells(cells, "runs")
     measures = {name: ({"status": r.status} if r.status != "done"
                        else mechanism_measures(load_run(ctx.out / "runs" / name), ctx.scale))
@@ -304,16 +308,16 @@ def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
 # composite-lr-wd
 
 
-def lr_wd_base(scale: str) -> RunConfig:
+def lr_wd_base(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
     """Depth 2 at gamma 0.5, where the paper (and our cpu phase diagram) finds symmetric
     solutions: can a larger learning rate or weight decay move it to inference?"""
-    return base_config(scale).with_overrides(["model.n_layers=2", "model.init_gamma=0.5"])
+    return base_config(scale, overrides).with_overrides(["model.n_layers=2", "model.init_gamma=0.5"])
 
 
 def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
     grid = with_seeds(lr_wd_grid(ctx.scale), ctx)
-    cells = grid_cells(lr_wd_base(ctx.scale), grid)
+    cells = grid_cells(lr_wd_base(ctx.scale, ctx.overrides), grid)
     points = dict(zip(cells, grid_points(grid)))
     trained = ctx.run_cells(cells, "runs")
     measured = _measure_cells(ctx, trained, "runs")
@@ -327,15 +331,17 @@ def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
     report.write(ctx.out / "report.html")
     headline = {n: {"verdict": m.get("verdict"), "x-10": m.get("held_out_inferential"), "x-6": m.get("held_out_symmetric")}
                 for n, m in measured.items()}
-    results = {"headline": headline, "cells": measured, "grid": grid, "base": lr_wd_base(ctx.scale).to_dict(),
+    results = {"headline": headline, "cells": measured, "grid": grid, "base": lr_wd_base(ctx.scale, ctx.overrides).to_dict(),
                "seconds": round(time.perf_counter() - started, 1), "report": str(ctx.out / "report.html")}
     ctx.write_results(results)
     return results
 
 
 STUDIES = [
-    Study("composite-phase", "composite: verdict per (init rate gamma, depth), the paper's Figure 2", run_phase),
+    Study("composite-phase", "composite: verdict per (init rate gamma, depth), the paper's Figure 2", run_phase,
+          accepts_overrides=True),
     Study("composite-mechanism", "composite: small vs large gamma 2-layer models: attention, patching, probes, "
-                                 "vectors, complexity (Figures 3-5)", run_mechanism),
-    Study("composite-lr-wd", "composite: learning rate x weight decay push toward inference (finding 5)", run_lr_wd),
+                                 "vectors, complexity (Figures 3-5)", run_mechanism, accepts_overrides=True),
+    Study("composite-lr-wd", "composite: learning rate x weight decay push toward inference (finding 5)", run_lr_wd,
+          accepts_overrides=True),
 ]

@@ -53,3 +53,19 @@ def test_phase_protocol_keeps_each_seeds_best_learning_rate_and_averages_seeds()
     assert cell["seeds"] == 2 and cell["seed_verdicts"] == ["inferential", "inferential"]
     assert cell["seen_accuracy"] == pytest.approx(0.98) and cell["held_out_inferential"] == pytest.approx(0.7)
     assert cell["verdict"] == "inferential"
+
+
+def test_a_study_with_set_trains_every_cell_post_ln_and_refuses_where_it_cannot(tmp_path):
+    from models.runs import read_config
+    from tasks import ConfigError
+
+    results = run_study("composite-mechanism", tmp_path, "tiny", progress=False, overrides=["model.norm_position=post"])
+    assert results["models"]
+    configs = [read_config(d) for d in (tmp_path / "runs").iterdir() if (d / "config.json").exists()]
+    assert configs and all(c.model.norm_position == "post" for c in configs)
+    with pytest.raises(ConfigError, match="does not take --set"):
+        run_study("lego-extrapolation", tmp_path / "x", "tiny", overrides=["model.norm_position=post"])
+    with pytest.raises(ConfigError, match="with --out"):
+        run_study("composite-phase", None, "tiny", overrides=["model.norm_position=post"])
+    with pytest.raises(ConfigError, match="norm_position='middle'"):
+        run_study("composite-phase", tmp_path / "y", "tiny", overrides=["model.norm_position=middle"])
