@@ -68,3 +68,35 @@ def test_the_report_says_how_far_attribution_agrees_with_exact(agreement, gap, s
     if agreement is not None and gap > 1:  # the heads that matter most, by |effect|, from both maps
         assert "exact: L0H1 -0.70, L1H1 0.30, L0H0 0.10; attribution: L0H0 0.60, L1H1 0.20, L1H0 0.05." in note
     assert _agreement_note({"heads": heads}) == ""  # analyses written before the field
+
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def _poison(value):
+    """Every string in a JSON tree replaced by the hostile payload (numbers kept, so the report
+    can still draw its figures)."""
+    if isinstance(value, str):
+        return HOSTILE
+    if isinstance(value, list):
+        return [_poison(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _poison(v) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.parametrize("task", ["lego", "composite"])
+def test_every_string_read_from_analysis_json_is_escaped_in_the_report(tmp_path, task):
+    """Browser-free: a payload in every string field of analysis.json and in the run's name
+    reaches the page as text (&lt;img ...), never as markup."""
+    out = tmp_path / f"{HOSTILE.replace('/', '')}-{task}"
+    assert main(["train", "--task", task, "--out", str(out), *TINY]) == 0
+    assert main(["analyze", str(out), "--samples", "64"]) == 0
+    analysis = json.loads((out / "analysis.json").read_text())
+    poisoned = {**_poison(analysis), "task": task}  # the task name picks the registry entry
+    poisoned["patching"]["n_pairs"] = HOSTILE
+    (out / "analysis.json").write_text(json.dumps(poisoned))
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "<img src=x" not in page
+    assert page.count("&lt;img src=x onerror=alert(1)&gt;") >= 5

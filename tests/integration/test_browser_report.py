@@ -4,7 +4,8 @@ heads, every figure decodes, and token text that looks like HTML is shown as tex
 
 Chromium is Debian's `chromium` package (`.ci/run` installs it when it can), driven by
 Playwright's Python package (test extra) through `executable_path`; without either the browser
-tests skip and say why. The report-size test needs no browser."""
+tests skip and say why, unless WORKBENCH_REQUIRE_BROWSER=1 (set by `.ci/run` once Chromium is
+installed), where a missing or broken browser fails them. The report-size test needs no browser."""
 
 from __future__ import annotations
 
@@ -40,17 +41,27 @@ def chromium_path() -> str | None:
     return os.environ.get("WORKBENCH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def skip_or_fail(reason: str) -> None:
+    """Skip with the reason; fail where the browser is required (CI with Chromium installed)."""
+    if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"WORKBENCH_REQUIRE_BROWSER=1 but {reason}")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def browser():
     executable = chromium_path()
     if executable is None:
-        pytest.skip("no Chromium: install Debian's `chromium` (apt-get install -y chromium; .ci/run does it as root)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[test]'")
+        skip_or_fail("no Chromium: install Debian's `chromium` (apt-get install -y chromium; .ci/run does it as root)")
+    try:
+        import playwright.sync_api as sync_api
+    except ImportError:
+        skip_or_fail("playwright is not installed: pip install -e '.[test]'")
     with sync_api.sync_playwright() as playwright:
         try:
             chromium = playwright.chromium.launch(executable_path=executable, headless=True)
-        except Exception as err:  # a broken or sandbox-less browser is a skip with the reason, not a failure
-            pytest.skip(f"Chromium at {executable} did not start: {str(err).splitlines()[0]}")
+        except Exception as err:  # a broken or sandbox-less browser: a skip with the reason, or a failure in CI
+            skip_or_fail(f"Chromium at {executable} did not start: {str(err).splitlines()[0]}")
         yield chromium
         chromium.close()
 

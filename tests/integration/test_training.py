@@ -48,9 +48,15 @@ def test_a_nan_loss_stops_the_run_and_records_it(tmp_path):
 
 
 def test_loaded_run_reproduces_its_recorded_accuracy(tmp_path):
+    from models.factory import build_model
+
     Trainer(tiny_composite_run(steps=10), tmp_path / "run", progress=False).fit()
     run = load_run(tmp_path / "run")
     assert json.loads((tmp_path / "run/config.json").read_text())["versions"]["torch"].startswith("2.")
+    stored, loaded = load_file(str(tmp_path / "run/model.safetensors")), dict(run.model.named_parameters())
+    assert stored.keys() == loaded.keys() and all(torch.equal(stored[k], loaded[k]) for k in stored)
+    fresh = dict(build_model(run.config.model, run.task, seed=run.config.train.seed).named_parameters())
+    assert not all(torch.equal(fresh[k], loaded[k]) for k in fresh)  # the trained weights, not the init
     trainer = Trainer(run.config, tmp_path / "other", progress=False)
     trainer.model, trainer.run_dir = run.model, tmp_path / "run"
     assert trainer._evaluate()["acc_seen"] == run.metrics[-1]["acc_seen"]

@@ -44,7 +44,18 @@ def test_init_scale_gives_std_d_in_to_the_minus_gamma(gamma):
 
 
 def test_default_init_is_untouched_when_gamma_is_none():
+    """Without init_gamma the weights are TransformerLens's own init for that seed, bit for bit."""
+    import warnings
+
+    from transformer_lens import HookedTransformer
+
     a = build_model(ModelConfig(n_layers=1, d_model=64, n_heads=2), LEGO, seed=3)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.manual_seed(3)
+        reference = HookedTransformer(a.cfg)
+    ours, theirs = dict(a.named_parameters()), dict(reference.named_parameters())
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     b = build_model(ModelConfig(n_layers=1, d_model=64, n_heads=2, init_gamma=0.5), LEGO, seed=3)
     assert not torch.allclose(a.blocks[0].attn.W_Q, b.blocks[0].attn.W_Q)
 
@@ -88,8 +99,12 @@ def test_sequence_longer_than_n_ctx_is_a_config_error():
 
 
 def test_shapes_are_checked_at_runtime_in_tests():
-    with pytest.raises(Exception, match="(?i)type|shape|dimension"):
-        logits_at_labels(torch.zeros(2, 5, 3), torch.zeros(2, 4, 1, dtype=torch.long))
+    """Label positions of another batch size: torch's gather accepts them (its index may be
+    smaller than the input), the jaxtyping annotation ("batch" shared) does not."""
+    logits, label_pos = torch.zeros(2, 5, 3), torch.zeros(1, 4, dtype=torch.long)
+    assert logits.gather(1, label_pos.unsqueeze(-1).expand(-1, -1, 3)).shape == (1, 4, 3)  # torch is fine with it
+    with pytest.raises(Exception, match="(?i)batch"):
+        logits_at_labels(logits, label_pos)
 
 
 @pytest.mark.parametrize("tie_layers", [False, True])
