@@ -23,6 +23,7 @@ from transformer_lens import HookedTransformer
 from interp import plots
 from interp.attention import classify_heads
 from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual, spearman
+from interp.paths import check_path_patchable, path_patch
 from interp.probes import composite_probe_map, lego_probe_map
 from interp.report import Report, figure_html, table_html
 from interp.solutions import (
@@ -122,7 +123,18 @@ def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> dict[
         "heads_attribution": attribution.to_dict(),
         # how far to trust the estimate on this run (README, Known limits); None when a sweep is constant
         "heads_attribution_spearman": agreement if math.isfinite(agreement) else None,
+        "paths": _paths_summary(*args),
     }
+
+
+def _paths_summary(model: HookedTransformer, clean: Any, corrupted: Any, metric: Any, k: int = 12) -> dict[str, Any]:
+    """Path patching's strongest edges (interp/paths.py), or why it does not apply to the model."""
+    try:
+        check_path_patchable(model)
+    except ValueError as err:
+        return {"strongest": [], "refused": str(err)}
+    result = path_patch(model, clean, corrupted, metric)
+    return {"strongest": [[s, r, round(v, 4)] for s, r, v in result.strongest(k)], "refused": None}
 
 
 def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> RunAnalysis:
@@ -202,6 +214,8 @@ def analysis_sections(report: Report, analysis: RunAnalysis) -> None:
                "Score per kind (0 = uniform attention, 1 = all mass on the kind's targets); * marks each head's label.")
                + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]]))
     report.add("Activation patching", _patching_html(analysis.patching))
+    if "paths" in analysis.patching:  # analyses written before path patching lack it
+        report.add("Path patching", _paths_html(analysis.patching["paths"], heads["labels"]))
     if steps.probes_html is not None and analysis.probes is not None:
         report.add("Probes", steps.probes_html(analysis.probes))
 
@@ -244,6 +258,26 @@ def _patching_html(patching: dict[str, Any]) -> str:
     parts.append(figure_html(plots.heatmap(attribution["values"], "head", "layer", "head outputs, attribution", None, -1.0, 1.0),
                              "Attribution patching (first-order estimate) of the same cells. " + _agreement_note(patching)))
     return "".join(parts)
+
+
+def _paths_html(paths: dict[str, Any], labels: list[list[str]]) -> str:
+    if paths.get("refused"):
+        return f"<p>Not computed: {html.escape(str(paths['refused']))}.</p>"
+
+    def named(head: str) -> str:  # "L1H0" or "L1H0.v" -> with the head's label
+        name, _, port = str(head).partition(".")
+        layer, _, index = name[1:].partition("H")
+        try:
+            kind = labels[int(layer)][int(index)]
+        except (ValueError, IndexError):
+            return str(head)
+        return f"{name} ({kind}){'.' + port if port else ''}"
+
+    rows = [[named(sender), named(receiver), value] for sender, receiver, value in paths["strongest"]]
+    return ("<p>The strongest paths, on the same pairs and metric: a sender head's output changed to the clean "
+            "run's along one path only (every other head and MLP frozen), into a later head's query, key or value "
+            "input, or directly to the logits. Normalised like exact patching.</p>"
+            + table_html(rows, ["sender", "receiver", "value"]))
 
 
 def _agreement_note(patching: dict[str, Any]) -> str:

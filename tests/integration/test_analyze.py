@@ -27,7 +27,14 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     assert analysis["patching"]["heads_attribution_spearman"] == pytest.approx(spearman(estimate, exact))
     page = (out / "report.html").read_text()
     assert f"Spearman correlation with exact: {analysis['patching']['heads_attribution_spearman']:.2f}" in page
-    for section in ["Verdict", "Attention heads", "Activation patching", "Training curves", "Attention patterns"]:
+    paths = analysis["patching"]["paths"]  # the strongest head-to-head and head-to-logits paths
+    if task == "templates":  # the preset's identity-augmented attention is beyond path patching: said, not hidden
+        assert "identity-augmented" in paths["refused"] and "Not computed: path patching" in page
+    else:
+        assert paths["refused"] is None and paths["strongest"]
+        assert all(r == "logits" or r.split(".")[1] in ("q", "k", "v") for _, r, _ in paths["strongest"])
+    for section in ["Verdict", "Attention heads", "Activation patching", "Path patching", "Training curves",
+                    "Attention patterns"]:
         assert f"<h2>{section}</h2>" in page
     assert ("<h2>Probes</h2>" in page) == (task != "templates")  # templates have no probe map
     # `workbench report` alone rebuilds the same sections from analysis.json

@@ -89,6 +89,7 @@ def test_the_readmes_python_example_runs_on_the_zoo():
     namespace = {}
     exec(compile(block, "README.md (From Python)", "exec"), namespace)  # noqa: S102
     assert namespace["result"].values.shape == (4, 4) and len(namespace["rules"]) == 6
+    assert len(namespace["paths"].strongest(5)) == 5
 
 
 def test_long_mimic_lego_model_passes_the_hop_with_a_learned_association_head(runs):
