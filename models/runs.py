@@ -68,6 +68,23 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
         os.close(fd)
 
 
+def writer_pid(run_dir: str | Path) -> str | None:
+    """The pid of the process writing the folder (holding its lock), or None: readers use it to
+    warn that they see a run still in training."""
+    path = Path(run_dir) / LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # closing drops the shared lock if we got it
+    return None
+
+
 def _acquire(path: Path) -> int:
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -205,6 +222,10 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> LoadedRun:
     from models.factory import build_model
 
     run_dir = Path(run_dir)
+    holder = writer_pid(run_dir)
+    if holder is not None:
+        warnings.warn(f"{run_dir} is being trained by pid {holder}; loading its last checkpoint, not its final weights",
+                      stacklevel=2)
     if not (run_dir / WEIGHTS).exists():
         raise RunFolderError(f"{run_dir / WEIGHTS} does not exist; train the run first (workbench train --out {run_dir})")
     cfg = read_config(run_dir)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,19 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
         assert f"pid {os.getpid()}" in other.stderr.read()
         assert sorted(p.name for p in out.iterdir()) == [LOCK]  # the refused writer wrote nothing
     assert not (out / LOCK).exists()
+
+
+def test_reading_a_run_in_training_warns_that_it_is_a_checkpoint(tmp_path):
+    from models.runs import load_run
+
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
+    with run_lock(out):
+        with pytest.warns(UserWarning, match=f"being trained by pid {os.getpid()}"):
+            load_run(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_run(out)  # no writer: no warning
 
 
 def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
