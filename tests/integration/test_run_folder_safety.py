@@ -87,9 +87,8 @@ def test_reading_a_run_in_training_warns_that_it_is_a_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
-    with run_lock(out):
-        with pytest.warns(UserWarning, match=f"being trained by pid {os.getpid()}"):
-            load_run(out)
+    with run_lock(out), pytest.warns(UserWarning, match=f"being trained by pid {os.getpid()}"):
+        load_run(out)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_run(out)  # no writer: no warning
