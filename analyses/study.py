@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,8 @@ class Study:
     name: str  # e.g. "lego-extrapolation"
     summary: str  # one line for `workbench study --list`
     run: Callable[[StudyContext], dict[str, Any]]  # writes report.html and results.json, returns the results
-    accepts_overrides: bool = False  # whether the study applies `--set` to its cells' base config
+    # the config its cells start from, given the scale and `--set` overrides; None: no --set
+    base_config: Callable[[str, Sequence[str]], Any] | None = None
 
 
 def all_studies() -> dict[str, Study]:
@@ -90,10 +91,11 @@ def run_study(name: str, out: str | Path | None = None, scale: str = "cpu", **op
     study = get_study(name)
     if options.get("overrides"):
         options["overrides"] = tuple(options["overrides"])
-        if not study.accepts_overrides:
+        if study.base_config is None:
             raise ConfigError(f"study {name!r} does not take --set; the composite studies do")
         if out is None:
             raise ConfigError("--set changes every cell, so name a study folder of its own with --out")
+        study.base_config(scale, options["overrides"])  # a bad value is refused before anything is written
     path = Path(out) if out is not None else Path("runs/studies") / f"{name}-{scale}"
     path.mkdir(parents=True, exist_ok=True)
     return study.run(StudyContext(out=path, scale=scale, **options))

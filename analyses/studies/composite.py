@@ -339,9 +339,9 @@ def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
 
 STUDIES = [
     Study("composite-phase", "composite: verdict per (init rate gamma, depth), the paper's Figure 2", run_phase,
-          accepts_overrides=True),
+          base_config=base_config),
     Study("composite-mechanism", "composite: small vs large gamma 2-layer models: attention, patching, probes, "
-                                 "vectors, complexity (Figures 3-5)", run_mechanism, accepts_overrides=True),
+                                 "vectors, complexity (Figures 3-5)", run_mechanism, base_config=base_config),
     Study("composite-lr-wd", "composite: learning rate x weight decay push toward inference (finding 5)", run_lr_wd,
-          accepts_overrides=True),
+          base_config=base_config),
 ]
