@@ -22,6 +22,7 @@ from transformer_lens import HookedTransformer
 
 from interp import plots
 from interp.attention import classify_heads
+from interp.circuit import circuit_svg, find_circuit
 from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual, spearman
 from interp.paths import check_path_patchable, path_patch
 from interp.probes import composite_probe_map, lego_probe_map
@@ -123,18 +124,23 @@ def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> dict[
         "heads_attribution": attribution.to_dict(),
         # how far to trust the estimate on this run (README, Known limits); None when a sweep is constant
         "heads_attribution_spearman": agreement if math.isfinite(agreement) else None,
-        "paths": _paths_summary(*args),
+        "paths": _paths_summary(*args, heads),
     }
 
 
-def _paths_summary(model: HookedTransformer, clean: Any, corrupted: Any, metric: Any, k: int = 12) -> dict[str, Any]:
-    """Path patching's strongest edges (interp/paths.py), or why it does not apply to the model."""
+def _paths_summary(model: HookedTransformer, clean: Any, corrupted: Any, metric: Any, heads: Any,
+                   k: int = 12) -> dict[str, Any]:
+    """Path patching's strongest edges (interp/paths.py) and the circuit they draw between the
+    fewest heads that keep 90% of the behaviour (interp/circuit.py); or why paths do not apply."""
     try:
         check_path_patchable(model)
     except ValueError as err:
-        return {"strongest": [], "refused": str(err)}
+        circuit = find_circuit(model, clean, corrupted, metric, heads.values, None)
+        return {"strongest": [], "refused": str(err), "circuit": circuit.to_dict()}
     result = path_patch(model, clean, corrupted, metric)
-    return {"strongest": [[s, r, round(v, 4)] for s, r, v in result.strongest(k)], "refused": None}
+    circuit = find_circuit(model, clean, corrupted, metric, heads.values, result)
+    return {"strongest": [[s, r, round(v, 4)] for s, r, v in result.strongest(k)], "refused": None,
+            "circuit": circuit.to_dict()}
 
 
 def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> RunAnalysis:
@@ -216,6 +222,8 @@ def analysis_sections(report: Report, analysis: RunAnalysis) -> None:
     report.add("Activation patching", _patching_html(analysis.patching))
     if "paths" in analysis.patching:  # analyses written before path patching lack it
         report.add("Path patching", _paths_html(analysis.patching["paths"], heads["labels"]))
+        if "circuit" in analysis.patching["paths"]:
+            report.add("Circuit", _circuit_html(analysis.patching["paths"]["circuit"], heads["labels"]))
     if steps.probes_html is not None and analysis.probes is not None:
         report.add("Probes", steps.probes_html(analysis.probes))
 
@@ -278,6 +286,20 @@ def _paths_html(paths: dict[str, Any], labels: list[list[str]]) -> str:
             "run's along one path only (every other head and MLP frozen), into a later head's query, key or value "
             "input, or directly to the logits. Normalised like exact patching.</p>"
             + table_html(rows, ["sender", "receiver", "value"]))
+
+
+def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
+    n_layers, n_heads = len(labels), len(labels[0])
+    kept, total = len(circuit["nodes"]), n_layers * n_heads
+    verdict = (f"{kept} of {total} heads keep {circuit['faithfulness']:.2f} of the behaviour (target "
+               f"{circuit['target']:.2f})" if circuit["reached"] else
+               f"no set of heads reaches the target {circuit['target']:.2f}: with all {total} kept, "
+               f"{circuit['faithfulness']:.2f} (the rest is carried by MLPs and embeddings on the clean input)")
+    curve = ", ".join(f"{k}: {value:.2f}" for k, value in enumerate(circuit["curve"]))
+    return (f"<p>{html.escape(verdict)}. Every other head is resample-ablated (its output taken from the paired "
+            f"corrupted input); heads join by |exact patching effect|. Edges: path patching between kept heads and "
+            f"to the logits, |value| >= 0.05.</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
+            + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>")
 
 
 def _agreement_note(patching: dict[str, Any]) -> str:

@@ -33,7 +33,10 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     else:
         assert paths["refused"] is None and paths["strongest"]
         assert all(r == "logits" or r.split(".")[1] in ("q", "k", "v") for _, r, _ in paths["strongest"])
-    for section in ["Verdict", "Attention heads", "Activation patching", "Path patching", "Training curves",
+    circuit = paths["circuit"]  # the fewest heads keeping 90%, measured; its curve starts and ends where it must
+    assert len(circuit["curve"]) == 2 * 4 + 1 if task == "templates" else len(circuit["curve"]) == 2 * len(analysis["heads"]["labels"][0]) + 1
+    assert abs(circuit["curve"][-1] - 1.0) <= 1e-4 and circuit["faithfulness"] == circuit["curve"][len(circuit["nodes"])]
+    for section in ["Verdict", "Attention heads", "Activation patching", "Path patching", "Circuit", "Training curves",
                     "Attention patterns"]:
         assert f"<h2>{section}</h2>" in page
     assert ("<h2>Probes</h2>" in page) == (task != "templates")  # templates have no probe map

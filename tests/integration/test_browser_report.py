@@ -130,6 +130,12 @@ def test_lego_report_renders_offline_and_shows_html_tokens_as_text(browser, lego
     assert len(shown) == 6  # curves, head scores, 3 patching maps, probes
     assert all(f["png"] and f["complete"] and f["width"] > 0 for f in shown)
     assert page.evaluate("window.__pwned") is None
+    # the circuit graph: an inline SVG with one node per head, drawn with a real size
+    graph = page.evaluate("""(() => { const svg = document.querySelector('svg.circuit'); const box = svg.getBoundingClientRect();
+        return {circles: svg.querySelectorAll('circle').length, width: box.width, height: box.height}; })()""")
+    assert graph["circles"] == 2 * 2 and graph["width"] > 100 and graph["height"] > 100
+    page.locator("svg.circuit").screenshot(path=str(lego_report.parent / "circuit.png"))
+    assert (lego_report.parent / "circuit.png").stat().st_size > 1000  # the screenshot holds a drawing
     text = page.inner_text("body")
     assert SCRIPT_TOKEN in text and IMG_TOKEN in text
     assert page.title() == f"interp-workbench run: {CRAFTED_DIR}"

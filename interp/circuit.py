@@ -1,0 +1,143 @@
+"""A circuit graph from patching: the fewest heads that keep a target share of the behaviour,
+measured, and the paths between them.
+
+Nodes are attention heads. A set of heads is *kept* by running the clean input with every other
+head's output (`attn.hook_z`) resample-ablated: replaced by its value on the paired corrupted
+input. Embeddings and MLPs always run on the clean input, so the set's faithfulness,
+
+    (m_kept - m_corrupted) / (m_clean - m_corrupted),
+
+is 1 with every head kept, and with none kept it is what the heads do not carry. Heads join in
+the order of their exact patching effect (largest |effect| first) until the faithfulness reaches
+the target (0.9 by default); the whole curve is returned, so a circuit that never reaches it
+says so. Edges are the path patching effects (interp/paths.py) between kept heads and from kept
+heads to the logits, with |value| at least `edge_threshold`. They are drawn, not ablated one by
+one: the faithfulness is that of the node set.
+
+Shape glossary: batch = counterfactual pairs, pos, head_index, d_head.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from interp.patching import Metric, _mean_metric
+from interp.paths import PathPatchResult
+
+TARGET = 0.9
+
+
+@dataclass
+class Circuit:
+    nodes: list[str]  # "L1H3", in the order they joined
+    edges: list[tuple[str, str, float]]  # (sender, receiver "L2H0.v" or "logits", path effect)
+    faithfulness: float  # of `nodes`, normalised (1 = clean behaviour)
+    target: float
+    curve: list[float] = field(default_factory=list)  # faithfulness with the first k heads, k = 0..n_heads
+    order: list[str] = field(default_factory=list)  # every head, by |exact effect|
+
+    @property
+    def reached(self) -> bool:
+        return self.faithfulness >= self.target
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "edges": [list(e) for e in self.edges], "reached": self.reached}
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+@torch.no_grad()
+def kept_faithfulness(
+    model: HookedTransformer, clean_tokens: Int[Tensor, "batch pos"], corrupted_tokens: Int[Tensor, "batch pos"],
+    metric: Metric, kept: list[set[tuple[int, int]]],
+) -> list[float]:
+    """Faithfulness of each set of kept heads (every other head resample-ablated)."""
+    n = clean_tokens.shape[0]
+    logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]),
+                                         names_filter=lambda name: name.endswith("attn.hook_z"))
+    clean_metric, corrupted_metric = _mean_metric(metric, logits[:n]).item(), _mean_metric(metric, logits[n:]).item()
+    if clean_metric == corrupted_metric:
+        raise ValueError("clean and corrupted runs give the same metric; there is nothing for a circuit to keep")
+    out = []
+    for heads in kept:
+        def ablate(z: Tensor, hook: Any, heads: set[tuple[int, int]] = heads) -> Tensor:
+            layer = hook.layer()
+            corrupted = cache[hook.name][n:]
+            drop = [h for h in range(z.shape[2]) if (layer, h) not in heads]
+            z[:, :, drop] = corrupted[:, :, drop]
+            return z
+
+        with model.hooks(fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), ablate)]):
+            value = _mean_metric(metric, model(clean_tokens)).item()
+        out.append((value - corrupted_metric) / (clean_metric - corrupted_metric))
+    return out
+
+
+def find_circuit(
+    model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
+    head_effects: Tensor, paths: PathPatchResult | None, target: float = TARGET, edge_threshold: float = 0.05,
+) -> Circuit:
+    """The smallest prefix of heads, by |exact effect| (`head_effects` [layer head]), whose
+    faithfulness reaches `target`; and the path effects among them."""
+    n_layers, n_heads = head_effects.shape
+    order = sorted(((layer, head) for layer in range(n_layers) for head in range(n_heads)),
+                   key=lambda lh: -abs(head_effects[lh].item()))
+    prefixes = [set(order[:k]) for k in range(len(order) + 1)]
+    curve = kept_faithfulness(model, clean_tokens, corrupted_tokens, metric, prefixes)
+    size = next((k for k, value in enumerate(curve) if value >= target), len(order))
+    nodes = [head_name(*lh) for lh in order[:size]]
+    edges = []
+    if paths is not None:
+        kept = set(nodes)
+        edges = [(s, r, round(v, 4)) for s, r, v in paths.strongest(k=10_000)
+                 if s in kept and (r == "logits" or r.split(".")[0] in kept) and abs(v) >= edge_threshold]
+    return Circuit(nodes, edges, round(curve[size], 4), target, [round(c, 4) for c in curve],
+                   [head_name(*lh) for lh in order])
+
+
+def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: list[list[str]] | None = None) -> str:
+    """A layered drawing: heads by layer (layer 0 at the bottom, the logits on top), kept heads
+    filled and named with their label, path edges as lines whose width follows |effect|
+    (blue positive, red negative)."""
+    width, row, left = 140 + 110 * n_heads, 90, 90
+    height = row * (n_layers + 1) + 40
+    where = {head_name(layer, head): (left + 110 * head, height - 40 - row * layer)
+             for layer in range(n_layers) for head in range(n_heads)}
+    where["logits"] = (left + 110 * (n_heads - 1) / 2, 30)
+    kept = set(circuit["nodes"])
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' class='circuit' "
+             "font-family='sans-serif' font-size='11'>"]
+    for sender, receiver, value in circuit["edges"]:
+        ends = (str(sender), str(receiver).split(".")[0])
+        if not all(end in where for end in ends) or not isinstance(value, (int, float)):
+            continue  # not a head of this model (a hand-edited analysis.json): drawn nowhere
+        (x1, y1), (x2, y2) = where[ends[0]], where[ends[1]]
+        colour = "#2166ac" if value > 0 else "#b2182b"
+        port = str(receiver).partition(".")[2]
+        parts.append(f"<line x1='{x1}' y1='{y1}' x2='{x2}' y2='{y2}' stroke='{colour}' stroke-opacity='0.7' "
+                     f"stroke-width='{1 + 8 * min(1.0, abs(value)):.1f}'><title>{html.escape(f'{sender} -> {receiver}: {value:+.3f}')}"
+                     f"</title></line>")
+        if port:
+            parts.append(f"<text x='{(x1 + x2) / 2 + 4}' y='{(y1 + y2) / 2}' fill='{colour}'>{html.escape(port)}</text>")
+    for name, (x, y) in where.items():
+        if name == "logits":
+            parts.append(f"<rect x='{x - 30}' y='{y - 12}' width='60' height='24' fill='#eee' stroke='#333'/>"
+                         f"<text x='{x}' y='{y + 4}' text-anchor='middle'>logits</text>")
+            continue
+        layer, head = (int(part) for part in name[1:].split("H"))
+        kind = str(labels[layer][head]) if labels else ""
+        fill = "#fdb863" if name in kept else "#f7f7f7"
+        parts.append(f"<circle cx='{x}' cy='{y}' r='22' fill='{fill}' stroke='#333'/>"
+                     f"<text x='{x}' y='{y - 2}' text-anchor='middle'>{name}</text>"
+                     f"<text x='{x}' y='{y + 11}' text-anchor='middle' font-size='9'>{html.escape(kind[:11])}</text>")
+    parts.append("</svg>")
+    return "".join(parts)
