@@ -9,6 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+
 from analyses.cli import main
 from models.runs import WEIGHTS, read_config, run_state
 
@@ -50,3 +53,40 @@ def test_a_killed_sweep_rerun_trains_only_the_missing_cells(tmp_path):
     assert {name: after[name] for name in before} == before  # finished cells were not trained again
     index = json.loads((out / "sweep.json").read_text())
     assert index["counts"] == {"done": 6}
+
+
+def test_a_cell_killed_after_its_checkpoint_resumes_from_it_and_diverged_cells_are_not_retrained(tmp_path):
+    """Killed while a cell is between its first checkpoint and its end: the re-run resumes that
+    cell (its metrics before the checkpoint keep their recorded times) and ends with the weights
+    of an uninterrupted run; a diverged cell is left as it is, files untouched."""
+    out = tmp_path / "sweep"
+    longer = [*SMALL, "--set", "train.steps=400", "--set", "train.eval_every=8", "--set", "train.grad_clip=null",
+              "--set", "train.warmup_steps=0"]
+    args = ["sweep", "--preset", "composite-cpu", "--grid", "train.lr=1e30,0.001", "--out", str(out), "--workers", "1",
+            *longer]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "analyses.cli", *args], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cell = out / "lr=0.001"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        metrics = cell / "metrics.jsonl"
+        if (cell / "train_state.safetensors").exists() and metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert run_state(cell, read_config(cell)) == "partial"
+    diverged = out / "lr=1e+30"
+    assert run_state(diverged, read_config(diverged)) == "diverged"
+    untouched = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in diverged.iterdir()}
+    first_record = (cell / "metrics.jsonl").read_text().splitlines()[0]
+
+    assert main(args) == 0  # a diverged cell is recorded, not a failure
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in diverged.iterdir()} == untouched
+    assert (cell / "metrics.jsonl").read_text().splitlines()[0] == first_record  # resumed, not restarted
+    assert main(["train", "--preset", "composite-cpu", "--out", str(tmp_path / "whole"), "--set", "train.lr=0.001",
+                 *longer]) == 0
+    whole, resumed = (load_file(str(d / WEIGHTS)) for d in (tmp_path / "whole", cell))
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
