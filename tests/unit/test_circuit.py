@@ -2,8 +2,6 @@
 
 import xml.etree.ElementTree as ET
 
-import torch
-
 from interp.circuit import circuit_svg, find_circuit, kept_faithfulness
 from interp.patching import logit_diff_metric, patch_head_out
 from interp.paths import path_patch
