@@ -6,15 +6,19 @@ from tasks.lego import EOS, PAD
 from tests.helpers import lego_reference_values
 
 
+def assert_labels_follow_the_text(task, batch, n):
+    """The first n sentences' labels are the values a reference solver reads off their text."""
+    for i in range(n):
+        solved = lego_reference_values(task.decode(batch.tokens[i]))
+        for depth in range(task.cfg.n_vars):
+            variable = task.vocab[batch.tokens[i, batch.label_pos[i, depth]]]
+            assert solved[variable] == task.group.values[batch.labels[i, depth]]
+
+
 @pytest.mark.parametrize("group", ["z2", "s3"])
 def test_labels_are_the_values_a_reference_solver_reads_off_the_text(group, gen):
     task = LegoTask(LegoConfig(group=group, n_vars=8))
-    batch = task.sample(200, gen)
-    for i in range(len(batch)):
-        solved = lego_reference_values(task.decode(batch.tokens[i]))
-        for depth in range(8):
-            variable = task.vocab[batch.tokens[i, batch.label_pos[i, depth]]]
-            assert solved[variable] == task.group.values[batch.labels[i, depth]]
+    assert_labels_follow_the_text(task, task.sample(200, gen), 200)
 
 
 def test_chain_order_labels_follow_the_chain(gen):
@@ -115,11 +119,7 @@ def test_biased_sentences_draw_the_identity_often_and_only_in_training(gen):
     train, test = task.sample(4000, gen), task.sample(4000, gen, split="test")
     assert abs((train.latents["elements"] == 0).float().mean().item() - 0.9) < 0.02
     assert abs((test.latents["elements"] == 0).float().mean().item() - 0.5) < 0.02
-    for i in range(50):  # labels still follow the chain
-        solved = lego_reference_values(task.decode(train.tokens[i]))
-        for depth in range(6):
-            variable = task.vocab[train.tokens[i, train.label_pos[i, depth]]]
-            assert solved[variable] == task.group.values[train.labels[i, depth]]
+    assert_labels_follow_the_text(task, train, 50)  # labels still follow the chain
 
 
 def test_a_biased_fraction_mixes_biased_and_uniform_rows(gen):
@@ -143,11 +143,7 @@ def test_forest_sentences_hold_several_values_and_labels_follow_the_text(gen):
     is_value = lambda tokens: (tokens >= task.first_value).sum(1)  # noqa: E731
     assert (is_value(test.tokens) == 1).all()  # test sentences stay single chains
     assert abs(is_value(train.tokens).float().mean().item() - (1 + 5 * 0.5)) < 0.2
-    for i in range(100):
-        solved = lego_reference_values(task.decode(train.tokens[i]))
-        for depth in range(6):
-            variable = task.vocab[train.tokens[i, train.label_pos[i, depth]]]
-            assert solved[variable] == task.group.values[train.labels[i, depth]]
+    assert_labels_follow_the_text(task, train, 100)
 
 
 def test_a_forest_fraction_cuts_only_that_share_of_training_rows(gen):
