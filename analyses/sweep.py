@@ -32,7 +32,7 @@ from typing import Any
 from tqdm import tqdm
 
 from models.config import RunConfig, parse_value
-from models.runs import CONFIG, atomic_write_bytes, read_config, read_metrics, run_state
+from models.runs import CONFIG, RunFolderError, atomic_write_bytes, read_config, read_metrics, run_state
 from tasks import ConfigError
 
 BACKENDS = ("local", "ray")
@@ -59,12 +59,15 @@ def train_cell(name: str, cfg_dict: dict[str, Any], run_dir: str) -> CellResult:
     from models.train import Trainer, TrainingDiverged
 
     cfg, path = RunConfig.from_dict(cfg_dict), Path(run_dir)
-    state = run_state(path, cfg)
-    if state in ("done", "diverged"):
-        metrics = read_metrics(path)
-        return CellResult(name, state, metrics[-1], float(metrics[-1].get("elapsed_s", 0.0)))
-    if (path / CONFIG).exists() and read_config(path).to_dict() != cfg.to_dict():
-        return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away")
+    try:  # a cell folder with a damaged config or metrics is recorded as failed, naming the file
+        if (path / CONFIG).exists() and read_config(path).to_dict() != cfg.to_dict():
+            return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away")
+        state = run_state(path, cfg)
+        if state in ("done", "diverged"):
+            metrics = read_metrics(path)
+            return CellResult(name, state, metrics[-1], float(metrics[-1].get("elapsed_s", 0.0)))
+    except RunFolderError as err:
+        return CellResult(name, "failed", error=str(err))
     started = time.perf_counter()
     try:
         result = Trainer(cfg, path, resume=state == "partial", progress=False).fit()

@@ -90,3 +90,20 @@ def test_the_cells_index_keeps_earlier_sweeps_into_the_same_pool(tmp_path):
     shutil.rmtree(tmp_path / "first")  # a cell deleted from the pool leaves the index at the next write
     run_cells({"second": base.with_overrides(["train.seed=1"])}, tmp_path, progress=False)
     assert set(json.loads((tmp_path / "cells.json").read_text())) == {"second"}
+
+
+def test_damaged_cell_folders_are_recorded_as_failed_naming_the_file(tmp_path):
+    """A cell whose config.json or an earlier metrics line is damaged is neither reported done nor
+    retrained over: the sweep records it as failed with the file's name and goes on (exit 1)."""
+    out = tmp_path / "sweep"
+    args = ["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0,1", "--out", str(out), "--workers", "1", *TINY]
+    assert main(args) == 0
+    (out / "seed=1" / "config.json").write_text("{bad")
+    lines = (out / "seed=0" / "metrics.jsonl").read_text().splitlines()
+    (out / "seed=0" / "metrics.jsonl").write_text("\n".join(["{bad", *lines[1:]]) + "\n")
+    weights = _weights_mtimes(out)
+    assert main(args) == 1
+    cells = json.loads((out / "sweep.json").read_text())["cells"]
+    assert cells["seed=1"]["status"] == "failed" and "seed=1/config.json is unreadable" in cells["seed=1"]["error"]
+    assert cells["seed=0"]["status"] == "failed" and "seed=0/metrics.jsonl: line 1 is damaged" in cells["seed=0"]["error"]
+    assert _weights_mtimes(out) == weights  # nothing retrained over the damaged folders
