@@ -36,8 +36,24 @@ def _summary_html(run: LoadedRun) -> str:
     final = next((m for m in reversed(run.metrics) if "eval_loss" in m), None)
     if final is None:
         return "<p>No evaluation was recorded.</p>"
-    rows = [[k, json.dumps(v)] for k, v in final.items()]
+    rows = [[k, readable(k, v)] for k, v in final.items()]
     return f"<p>Final evaluation on held-out data (step {final['step']}):</p>" + table_html(rows, ["metric", "value"])
+
+
+def readable(key: str, value: object) -> str:
+    """A metric as a reader wants it: losses to 3 significant figures, the learning rate in
+    scientific notation, other fractions to 4 decimals; lists and dicts element by element."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return json.dumps(value)
+    if isinstance(value, float):
+        if key == "lr":
+            return f"{value:.2e}"
+        return f"{value:.3g}" if "loss" in key else f"{round(value, 4)}"
+    if isinstance(value, list):
+        return "[" + ", ".join(readable(key, v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {readable(key, v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, default=str)
 
 
 def _curves_html(run: LoadedRun) -> str:
