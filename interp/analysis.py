@@ -134,13 +134,13 @@ def _paths_summary(model: HookedTransformer, clean: Any, corrupted: Any, metric:
     fewest heads that keep 90% of the behaviour (interp/circuit.py); or why paths do not apply."""
     try:
         check_path_patchable(model)
+        refused = None
     except ValueError as err:
-        circuit = find_circuit(model, clean, corrupted, metric, heads.values, None)
-        return {"strongest": [], "refused": str(err), "circuit": circuit.to_dict()}
-    result = path_patch(model, clean, corrupted, metric)
+        refused = str(err)
+    result = None if refused else path_patch(model, clean, corrupted, metric)
     circuit = find_circuit(model, clean, corrupted, metric, heads.values, result)
-    return {"strongest": [[s, r, round(v, 4)] for s, r, v in result.strongest(k)], "refused": None,
-            "circuit": circuit.to_dict()}
+    strongest = [[s, r, round(v, 4)] for s, r, v in result.strongest(k)] if result else []
+    return {"strongest": strongest, "refused": refused, "circuit": circuit.to_dict()}
 
 
 def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> RunAnalysis:

@@ -28,7 +28,7 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from interp.patching import Metric, _mean_metric
+from interp.patching import Metric, _baselines, _mean_metric
 from interp.paths import PathPatchResult
 
 TARGET = 0.9
@@ -64,9 +64,7 @@ def kept_faithfulness(
     n = clean_tokens.shape[0]
     logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]),
                                          names_filter=lambda name: name.endswith("attn.hook_z"))
-    clean_metric, corrupted_metric = _mean_metric(metric, logits[:n]).item(), _mean_metric(metric, logits[n:]).item()
-    if clean_metric == corrupted_metric:
-        raise ValueError("clean and corrupted runs give the same metric; there is nothing for a circuit to keep")
+    clean_metric, corrupted_metric = _baselines(metric, logits, n)
     out = []
     for heads in kept:
         def ablate(z: Tensor, hook: Any, heads: set[tuple[int, int]] = heads) -> Tensor:

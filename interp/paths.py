@@ -38,7 +38,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from interp.patching import DEFAULT_MAX_BATCH, DIRECTIONS, Metric, _baselines, _mean_metric, _source_target, normalise
-from models.factory import is_post_norm
+from models.factory import final_norm, is_post_norm
 
 INPUTS = ("q", "k", "v")  # a receiver head's inputs
 
@@ -114,7 +114,7 @@ def path_patch(
     target_tokens = (corrupted_tokens if direction == DIRECTIONS[0] else clean_tokens)
     deltas = sender_deltas(model, cache, source, target)  # [sender batch pos d_model]
 
-    direct_raw = torch.stack([_mean_metric(metric, model.unembed(_final_norm(model, cache[last][target] + delta)))
+    direct_raw = torch.stack([_mean_metric(metric, model.unembed(final_norm(model, cache[last][target] + delta)))
                               for delta in deltas]).view(n_layers, n_heads).cpu()
     edges_raw = torch.full((n_layers, n_heads, n_layers, n_heads, len(INPUTS)), float("nan"))
     for receiver_layer in range(1, n_layers):
@@ -135,11 +135,6 @@ def sender_deltas(model: HookedTransformer, cache: Any, source: slice, target: s
         z = cache[f"blocks.{layer}.attn.hook_z"]
         per_layer.append(torch.einsum("bphe,hed->hbpd", z[source] - z[target], model.blocks[layer].attn.W_O))
     return torch.cat(per_layer)
-
-
-def _final_norm(model: HookedTransformer, resid: Tensor) -> Tensor:
-    final = getattr(model, "ln_final", None)
-    return final(resid) if final is not None else resid
 
 
 def _receiver_layer_edges(

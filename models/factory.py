@@ -161,9 +161,13 @@ def forward(
     top blocks and reads the residual stream through the final norm and unembedding."""
     if depth is None or depth >= model.cfg.n_layers:
         return model(tokens)
-    resid = model(tokens, stop_at_layer=depth)
-    final_norm = getattr(model, "ln_final", None)  # none in post-LN models: each block ends normalised
-    return model.unembed(final_norm(resid) if final_norm is not None else resid)
+    return model.unembed(final_norm(model, model(tokens, stop_at_layer=depth)))
+
+
+def final_norm(model, resid):  # unannotated: the tests' runtime shape checks break torch.compile tracing it
+    """The norm before the unembedding; none in post-LN models, whose blocks end normalised."""
+    norm = getattr(model, "ln_final", None)
+    return norm(resid) if norm is not None else resid
 
 
 def unique_parameters(model: nn.Module) -> dict[str, Tensor]:

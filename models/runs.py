@@ -79,10 +79,15 @@ def writer_pid(run_dir: str | Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        return _holder(fd)
     finally:
         os.close(fd)  # closing drops the shared lock if we got it
     return None
+
+
+def _holder(fd: int) -> str:
+    """The pid a lock file holds (written by its holder in `_acquire`)."""
+    return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
 
 
 def _acquire(path: Path) -> int:
@@ -91,7 +96,7 @@ def _acquire(path: Path) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            holder = _holder(fd)
             os.close(fd)
             raise RunFolderError(f"{path.parent} is being written by another process (pid {holder}); wait for it "
                                  f"to finish or stop it, then try again") from None

@@ -212,6 +212,10 @@ class Trainer:
                 raise RunFolderError(f"{self.run_dir} already holds a run; use --resume to continue it or choose another folder")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_config(self.run_dir, self.cfg)
+        self._begin_at_step_0()
+
+    def _begin_at_step_0(self) -> None:
+        """Empty metrics, then mimicking pre-training if the config asks for it."""
         (self.run_dir / METRICS).write_text("")
         if self.cfg.train.mimic_steps:
             self._mimic()
@@ -311,9 +315,7 @@ class Trainer:
                 raise RunFolderError(f"--resume: {self.run_dir} holds no run ({CONFIG}); there is nothing to resume")
             warnings.warn(f"{path} does not exist (the run stopped before its first checkpoint); starting from step 0",
                           stacklevel=2)
-            (self.run_dir / METRICS).write_text("")
-            if self.cfg.train.mimic_steps:
-                self._mimic()
+            self._begin_at_step_0()
             return
         tensors, meta = read_tensors(path)
         if not {"step", "elapsed", "loss_sum", "loss_count", "rng.data"} <= set(meta) | set(tensors):
