@@ -75,6 +75,12 @@ class LegoConfig:
     a sentence, "the value anywhere, times my own element" no longer answers #1, so a variable
     must find the clause its right-hand side names, and one hop pays off at once. Labels follow
     the forest; the rest, and every test sentence, are single chains.
+    mention_supervision: denser supervision of training sentences. Each right-hand mention of a
+    supervised variable (the `a` of `b = -a`) is trained to give that variable's value too, in
+    extra label slots after the named ones. Reading a mention's value is a copy from the clause
+    that defines it, with no group element on the way: the association hop pays off at first
+    order, where through the left-hand labels alone it pays only together with the XOR that
+    follows. Test sentences and every reported accuracy use the named labels only.
     """
 
     name: str = "lego"
@@ -88,6 +94,7 @@ class LegoConfig:
     ordered_fraction: float = 0.0
     forest_fraction: float = 0.0
     cut_prob: float = 0.5
+    mention_supervision: bool = False
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
@@ -155,7 +162,28 @@ class LegoTask:
         }
         if split == "train" and not aligned and cfg.forest_fraction > 0.0:
             latents |= self._draw_forest(n, gen)
-        return self.build(latents)
+        batch = self.build(latents)
+        if split == "train" and not aligned and cfg.mention_supervision:
+            batch = self._with_mention_labels(batch)
+        return batch
+
+    def _with_mention_labels(self, batch: Batch) -> Batch:
+        """`batch` with n_vars extra label slots: slot n_vars + k is read at the right-hand token
+        of clause #k+1, which names variable #k, and holds #k's value. It is trained where #k is
+        and the mention is a variable (not a forest cut's fresh value)."""
+        reads_parent = batch.label_mask[:, 1:].clone()
+        if "cuts" in batch.latents:
+            reads_parent &= ~batch.latents["cuts"][:, 1:]
+        rhs_of_child = batch.label_pos[:, 1:] + 3  # lhs = g rhs: the rhs is three tokens on
+        mention_pos = torch.cat([rhs_of_child, torch.zeros_like(rhs_of_child[:, :1])], dim=1)
+        mentioned = torch.cat([reads_parent, torch.zeros_like(reads_parent[:, :1])], dim=1)
+        trained = mentioned & batch.loss_mask
+        return Batch(
+            batch.tokens, torch.cat([batch.labels, batch.labels], dim=1),
+            torch.cat([batch.label_pos, torch.where(mentioned, mention_pos, 0)], dim=1),
+            torch.cat([batch.label_mask, mentioned], dim=1), torch.cat([batch.loss_mask, trained], dim=1),
+            batch.latents,
+        )
 
     def _draw_forest(self, n: int, gen: torch.Generator) -> dict[str, Tensor]:
         """`cuts[b, i]`: clause #i reads its own value `roots[b, i]` instead of #i-1. Only a

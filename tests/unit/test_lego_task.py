@@ -157,3 +157,33 @@ def test_a_forest_fraction_cuts_only_that_share_of_training_rows(gen):
 def test_curriculum_fractions_outside_0_1_are_refused(field):
     with pytest.raises(ConfigError, match=f"task.{field}=1.5"):
         LegoConfig(**{field: 1.5})
+
+
+@pytest.mark.parametrize("forest", [0.0, 1.0])
+def test_mention_labels_give_the_value_of_the_variable_each_right_hand_side_names(forest, gen):
+    task = LegoTask(LegoConfig(n_vars=6, n_supervised=3, mention_supervision=True, forest_fraction=forest))
+    train, n = task.sample(100, gen), 6
+    assert train.labels.shape == (100, 2 * n)
+    for i in range(100):
+        solved = lego_reference_values(task.decode(train.tokens[i]))
+        for slot in range(2 * n):
+            if not train.label_mask[i, slot]:
+                continue
+            token = task.vocab[train.tokens[i, train.label_pos[i, slot]]]
+            assert token in solved  # a variable, never a value
+            assert solved[token] == task.group.values[train.labels[i, slot]]
+            if slot >= n:  # a mention: the right-hand token of a clause
+                assert task.vocab[train.tokens[i, train.label_pos[i, slot] - 3]] in solved
+    # mentions of the supervised #0, #1, #2 are trained, of the others not; the last variable has none
+    mentions = train.loss_mask[:, n:]
+    assert mentions[:, 3:].sum() == 0
+    if forest == 0.0:
+        assert mentions[:, :3].all()
+    else:  # a cut clause reads a fresh value, which is no mention
+        assert 0 < mentions[:, :3].float().mean() < 1
+
+
+def test_mention_labels_are_for_training_only(gen):
+    task = LegoTask(LegoConfig(n_vars=6, mention_supervision=True))
+    assert task.sample(10, gen, split="test").labels.shape == (10, 6)
+    assert task.counterfactual_pairs(10, gen).clean.labels.shape == (10, 6)
