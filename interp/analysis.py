@@ -23,7 +23,14 @@ from transformer_lens import HookedTransformer
 from interp import plots
 from interp.attention import classify_heads
 from interp.circuit import circuit_svg, find_circuit
-from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual, spearman
+from interp.patching import (
+    attribute_head_out,
+    logit_diff_metric,
+    patch_head_out,
+    patch_residual,
+    spearman,
+    verification_cost,
+)
 from interp.paths import check_path_patchable, path_patch
 from interp.probes import composite_probe_map, lego_probe_map
 from interp.report import Report, figure_html, table_html
@@ -124,6 +131,7 @@ def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> dict[
         "heads_attribution": attribution.to_dict(),
         # how far to trust the estimate on this run (README, Known limits); None when a sweep is constant
         "heads_attribution_spearman": agreement if math.isfinite(agreement) else None,
+        "heads_attribution_verified": _verified(attribution, heads),
         "paths": _paths_summary(*args, heads),
     }
 
@@ -302,22 +310,35 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
             + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>")
 
 
+def _verified(estimate: Any, exact: Any, k: int = 3) -> dict[str, int] | None:
+    """AtP*'s yardstick: heads verified in attribution's order until exact's top k are found;
+    None when no head changes the metric or the estimate is not finite."""
+    n_cells = exact.values.numel()
+    try:
+        return {"k": min(k, n_cells), "heads": verification_cost(estimate, exact, min(k, n_cells)), "of": n_cells}
+    except ValueError:
+        return None
+
+
 def _agreement_note(patching: dict[str, Any]) -> str:
     if "heads_attribution_spearman" not in patching:  # an analysis written before it
         return ""
     agreement = patching["heads_attribution_spearman"]
     if agreement is None:
         return "Its agreement with exact patching is undefined: one of the two maps is constant."
+    verified = patching.get("heads_attribution_verified")
+    cost = ("" if not verified else f" Patching heads exactly in attribution's order finds exact's top {verified['k']} "
+            f"after {verified['heads']} of {verified['of']} heads (AtP*'s yardstick).")
     gap = abs(patching["heads"]["clean_metric"] - patching["heads"]["corrupted_metric"])
     if gap < MIN_METRIC_GAP:
-        return f"Spearman correlation with exact: {agreement:.2f}, of little meaning here (see the warning above)."
+        return f"Spearman correlation with exact: {agreement:.2f}, of little meaning here (see the warning above).{cost}"
     trust = ("Its ranking broadly agrees with exact patching." if agreement >= GOOD_AGREEMENT
              else "Its ranking differs from exact patching here: read the exact map, and use attribution only "
                   "to screen (README, Known limits).")
     exact, estimate = (_largest_heads(patching[key]) for key in ("heads", "heads_attribution"))
     listed = "; ".join(f"{label}: " + ", ".join(f"{name} {value:.2f}" for name, value in heads)
                        for label, heads in (("exact", exact), ("attribution", estimate)))
-    return f"Spearman correlation with exact: {agreement:.2f}. {trust} Largest effects, {listed}."
+    return f"Spearman correlation with exact: {agreement:.2f}. {trust} Largest effects, {listed}.{cost}"
 
 
 def _largest_heads(sweep: dict[str, Any], k: int = 3) -> list[tuple[str, float]]:

@@ -738,7 +738,9 @@ def effect_sizes(result: PatchResult) -> Float[Tensor, "layer ..."]:
 def verification_cost(estimate: PatchResult, exact: PatchResult, k: int = 3) -> int:
     """How many cells must be verified, in the estimate's order (largest effect first), before
     all of exact patching's top `k` cells (by |effect|) are among them: the yardstick of AtP*
-    (Kramar et al. 2024). Divide by the number of cells for the fraction of the exact sweep."""
+    (Kramar et al. 2024). Divide by the number of cells for the fraction of the exact sweep.
+    Cells whose exact effect is nil (below 1e-6 of the largest) are never among the top k: when
+    fewer than k cells do anything, those few are the ones to find."""
     if estimate.raw.shape != exact.raw.shape:
         raise ValueError(f"estimate {tuple(estimate.raw.shape)} and exact {tuple(exact.raw.shape)} cover different cells")
     sizes = effect_sizes(estimate).flatten()
@@ -749,7 +751,12 @@ def verification_cost(estimate: PatchResult, exact: PatchResult, k: int = 3) -> 
     order = sizes.argsort(descending=True, stable=True)
     rank = torch.empty_like(order)
     rank[order] = torch.arange(len(order))
-    return int(rank[effect_sizes(exact).flatten().topk(k).indices].max()) + 1
+    truth = effect_sizes(exact).flatten()
+    top = truth.topk(k)
+    wanted = top.indices[top.values > 1e-6 * truth.max()]
+    if len(wanted) == 0:
+        raise ValueError("no cell of the exact sweep changes the metric; there is nothing to find")
+    return int(rank[wanted].max()) + 1
 
 
 @dataclass

@@ -27,6 +27,13 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     assert analysis["patching"]["heads_attribution_spearman"] == pytest.approx(spearman(estimate, exact))
     page = (out / "report.html").read_text()
     assert f"Spearman correlation with exact: {analysis['patching']['heads_attribution_spearman']:.2f}" in page
+    # AtP*'s yardstick: heads verified in attribution's order until exact's top heads are all found
+    verified = analysis["patching"]["heads_attribution_verified"]
+    n_heads = exact.numel()
+    order = (estimate - 0).abs().flatten().argsort(descending=True, stable=True).tolist()
+    top = set(exact.abs().flatten().topk(verified["k"]).indices.tolist())
+    assert verified["heads"] == max(order.index(i) for i in top) + 1 and verified["of"] == n_heads
+    assert f"after {verified['heads']} of {n_heads} heads" in page
     paths = analysis["patching"]["paths"]  # the strongest head-to-head and head-to-logits paths
     if task == "templates":  # the preset's identity-augmented attention is beyond path patching: said, not hidden
         assert "identity-augmented" in paths["refused"] and "Not computed: path patching" in page

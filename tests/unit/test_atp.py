@@ -137,3 +137,10 @@ def test_planted_heads_queries_and_keys_matter_to_neither_exact_patching_nor_the
     assert exact.raw[1, :, 0].sub(exact.corrupted_metric).abs().max() < 1e-6
     assert fixed.raw[1, :, 0].sub(fixed.corrupted_metric).abs().max() == 0.0
     assert fixed.raw[1, :, 1].sub(fixed.corrupted_metric).abs().max() > 0.0  # the learned head of that layer
+
+
+def test_verification_cost_looks_only_for_cells_that_do_something():
+    exact = result_of([0.0, 0.9, 0.0, 0.0, 0.0])  # one cell matters; "top 3" would add two arbitrary zeros
+    assert verification_cost(result_of([0.5, 0.4, 0.3, 0.2, 0.1]), exact, k=3) == 2
+    with pytest.raises(ValueError, match="nothing to find"):
+        verification_cost(exact, result_of([0.0] * 5))

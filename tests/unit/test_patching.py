@@ -334,6 +334,9 @@ def test_benchmark_runs_and_agrees_with_transformer_lens():
     assert results["n_cells"] == 2 * COMPOSITE.n_ctx * 2
     assert -1 <= results["spearman_head_out_by_pos"] <= 1
     assert results["ig2_speedup_vs_exact"] > 0 and -1 <= results["ig2_spearman_head_out"] <= 1
+    # AtP*'s yardstick beside each correlation: a share of the cells, at least the top 3's own
+    assert 3 / results["n_cells"] <= results["verified_head_out_by_pos"] <= 1
+    assert 0 < results["ig2_verified_head_out"] <= 1
 
 
 def test_exact_patching_of_a_model_with_planted_heads_matches_transformer_lens(gen):

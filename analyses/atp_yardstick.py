@@ -1,0 +1,80 @@
+"""Attribution judged the way AtP* judges it (Kramar et al. 2024): verifying cells by exact
+patching in an estimate's order, how much of the exact sweep is needed before all of exact's
+top-k cells (by |effect|) are verified. Across trained runs, side by side per estimate.
+
+    python -m analyses.atp_yardstick RUN_DIR [RUN_DIR ...] [--n-pairs 64] [--k 3] [--ig-steps 4]
+
+Per run, the pairs and the label slot are the ones `workbench analyze` uses (aligned pairs; the
+deepest supervised slot the model fits). Cells and estimates:
+- head outputs by position (layer x pos x head) and per head (layer x head): plain one-step
+  attribution (AtP), GradDrop, integrated gradients (`--ig-steps` steps);
+- queries and keys by position (layer x pos x head): plain AtP and the QK fix, alone and with
+  GradDrop.
+Spearman with exact patching is printed next to each, for comparison with the older yardstick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import warnings
+from typing import Any
+
+import torch
+
+from interp.analysis import counterfactual_pairs
+from interp.patching import activation_patch, attribution_patch, logit_diff_metric, spearman, verification_cost
+from models.runs import load_run
+
+# cells: (kind, over); estimates per cell kind: name -> attribution_patch options
+CELLS = {"head x pos": ("head_out", ("pos", "head_index")), "head": ("head_out", ("head_index",)),
+         "q x pos": ("q", ("pos", "head_index")), "k x pos": ("k", ("pos", "head_index"))}
+
+
+def estimates(cells: str, ig_steps: int) -> dict[str, dict[str, Any]]:
+    if cells in ("q x pos", "k x pos"):
+        return {"atp": {}, "qk-fix": {"qk_fix": True}, "qk-fix+graddrop": {"qk_fix": True, "grad_drop": True}}
+    return {"atp": {}, "graddrop": {"grad_drop": True}, f"ig{ig_steps}": {"steps": ig_steps}}
+
+
+def yardstick(run: Any, n_pairs: int, k: int, ig_steps: int, seed: int = 0) -> dict[tuple[str, str], tuple[float, float, int]]:
+    """(cells, estimate) -> (fraction of the exact sweep to verify, Spearman, number of cells)."""
+    clean, corrupted, slot, _ = counterfactual_pairs(run.task, n_pairs, seed, run.model)
+    args = (run.model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, slot))
+    found = {}
+    for cells, (kind, over) in CELLS.items():
+        exact = activation_patch(*args, kind, over)
+        n_cells = exact.values.numel()
+        for name, options in estimates(cells, ig_steps).items():
+            estimate = attribution_patch(*args, kind, over, **options)
+            cost = verification_cost(estimate, exact, min(k, n_cells))
+            found[cells, name] = (cost / n_cells, spearman(estimate.values, exact.values), n_cells)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="+", help="trained run folders")
+    parser.add_argument("--n-pairs", type=int, default=64)
+    parser.add_argument("--k", type=int, default=3, help="exact's top k cells that must be verified")
+    parser.add_argument("--ig-steps", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    table: dict[tuple[str, str], list[float]] = {}
+    print(f"fraction of the exact sweep verified before exact's top {args.k} cells are (Spearman in brackets)")
+    for run_dir in args.run_dirs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            run = load_run(run_dir)
+        found = yardstick(run, args.n_pairs, args.k, args.ig_steps)
+        for (cells, name), (fraction, rho, n_cells) in found.items():
+            table.setdefault((cells, name), []).append(fraction)
+            print(f"{run_dir:36s} {cells:9s} ({n_cells:4d} cells) {name:16s} {fraction:6.3f}  ({rho:5.2f})", flush=True)
+    print(f"\nover {len(args.run_dirs)} runs: median / worst fraction verified")
+    for (cells, name), fractions in table.items():
+        print(f"{cells:9s} {name:16s} {statistics.median(fractions):6.3f} / {max(fractions):6.3f}")
+
+
+if __name__ == "__main__":
+    main()
