@@ -25,6 +25,7 @@ SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "=", ";"]
 PAD, BOS, EOS, EQUALS, SEMI = range(len(SPECIALS))
 VARIABLES = list(string.ascii_lowercase)
 SUPERVISION_MODES = ("all", "first", "first+last")
+MENTION_LABELS = ("none", "value", "element")
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,16 @@ class LegoConfig:
     a sentence, "the value anywhere, times my own element" no longer answers #1, so a variable
     must find the clause its right-hand side names, and one hop pays off at once. Labels follow
     the forest; the rest, and every test sentence, are single chains.
-    mention_supervision: denser supervision of training sentences. Each right-hand mention of a
-    supervised variable (the `a` of `b = -a`) is trained to give that variable's value too, in
-    extra label slots after the named ones. Reading a mention's value is a copy from the clause
-    that defines it, with no group element on the way: the association hop pays off at first
-    order, where through the left-hand labels alone it pays only together with the XOR that
-    follows. Test sentences and every reported accuracy use the named labels only.
+    mention_labels: denser supervision of training sentences, in extra label slots after the
+    named ones, at each right-hand mention of a supervised variable (the `a` of `b = -a`).
+    "value": the mention is trained to give that variable's value. Reading it is a copy from
+    the clause that defines the variable, with no group element on the way: the association
+    hop pays off at first order, where through the left-hand labels alone it pays only together
+    with the XOR that follows. "element": the mention is trained to give what the defining
+    clause's group element makes of the first value (z2: that clause's sign), a copy of an input
+    token found by its letter (associative recall), learnable before any value is computed.
+    "none" (default): no extra labels. Test sentences and every reported accuracy use the named
+    labels only.
     """
 
     name: str = "lego"
@@ -94,7 +99,7 @@ class LegoConfig:
     ordered_fraction: float = 0.0
     forest_fraction: float = 0.0
     cut_prob: float = 0.5
-    mention_supervision: bool = False
+    mention_labels: str = "none"
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
@@ -113,6 +118,8 @@ class LegoConfig:
             raise ConfigError(f"task.biased_fraction={self.biased_fraction} is outside 0..1")
         if not 0.0 <= self.ordered_fraction <= 1.0:
             raise ConfigError(f"task.ordered_fraction={self.ordered_fraction} is outside 0..1")
+        if self.mention_labels not in MENTION_LABELS:
+            raise ConfigError(f"task.mention_labels={self.mention_labels!r} is unknown; use one of {MENTION_LABELS}")
         for name in ("identity_prob", "forest_fraction", "cut_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"task.{name}={getattr(self, name)} is outside 0..1")
@@ -163,14 +170,15 @@ class LegoTask:
         if split == "train" and not aligned and cfg.forest_fraction > 0.0:
             latents |= self._draw_forest(n, gen)
         batch = self.build(latents)
-        if split == "train" and not aligned and cfg.mention_supervision:
+        if split == "train" and not aligned and cfg.mention_labels != "none":
             batch = self._with_mention_labels(batch)
         return batch
 
     def _with_mention_labels(self, batch: Batch) -> Batch:
         """`batch` with n_vars extra label slots: slot n_vars + k is read at the right-hand token
-        of clause #k+1, which names variable #k, and holds #k's value. It is trained where #k is
-        and the mention is a variable (not a forest cut's fresh value)."""
+        of clause #k+1, which names variable #k, and holds #k's value ("value") or what #k's
+        group element makes of value 0 ("element"). It is trained where #k is and the mention
+        is a variable (not a forest cut's fresh value)."""
         reads_parent = batch.label_mask[:, 1:].clone()
         if "cuts" in batch.latents:
             reads_parent &= ~batch.latents["cuts"][:, 1:]
@@ -178,8 +186,9 @@ class LegoTask:
         mention_pos = torch.cat([rhs_of_child, torch.zeros_like(rhs_of_child[:, :1])], dim=1)
         mentioned = torch.cat([reads_parent, torch.zeros_like(reads_parent[:, :1])], dim=1)
         trained = mentioned & batch.loss_mask
+        mention = batch.labels if self.cfg.mention_labels == "value" else self.action[batch.latents["elements"], 0]
         return Batch(
-            batch.tokens, torch.cat([batch.labels, batch.labels], dim=1),
+            batch.tokens, torch.cat([batch.labels, mention], dim=1),
             torch.cat([batch.label_pos, torch.where(mentioned, mention_pos, 0)], dim=1),
             torch.cat([batch.label_mask, mentioned], dim=1), torch.cat([batch.loss_mask, trained], dim=1),
             batch.latents,

@@ -161,7 +161,7 @@ def test_curriculum_fractions_outside_0_1_are_refused(field):
 
 @pytest.mark.parametrize("forest", [0.0, 1.0])
 def test_mention_labels_give_the_value_of_the_variable_each_right_hand_side_names(forest, gen):
-    task = LegoTask(LegoConfig(n_vars=6, n_supervised=3, mention_supervision=True, forest_fraction=forest))
+    task = LegoTask(LegoConfig(n_vars=6, n_supervised=3, mention_labels="value", forest_fraction=forest))
     train, n = task.sample(100, gen), 6
     assert train.labels.shape == (100, 2 * n)
     for i in range(100):
@@ -184,6 +184,21 @@ def test_mention_labels_give_the_value_of_the_variable_each_right_hand_side_name
 
 
 def test_mention_labels_are_for_training_only(gen):
-    task = LegoTask(LegoConfig(n_vars=6, mention_supervision=True))
+    task = LegoTask(LegoConfig(n_vars=6, mention_labels="value"))
     assert task.sample(10, gen, split="test").labels.shape == (10, 6)
     assert task.counterfactual_pairs(10, gen).clean.labels.shape == (10, 6)
+
+
+def test_element_mention_labels_give_the_sign_of_the_clause_defining_the_mentioned_variable(gen):
+    task = LegoTask(LegoConfig(n_vars=6, n_supervised=3, mention_labels="element"))
+    train = task.sample(50, gen)
+    for i in range(50):
+        text = task.token_strings(train.tokens[i])
+        for slot in range(6, 12):
+            if train.label_mask[i, slot]:
+                letter = text[train.label_pos[i, slot]]
+                defining = next(j for j, token in enumerate(text) if token == letter and text[j + 1] == "=")
+                sign = text[defining + 2]
+                assert task.group.values[train.labels[i, slot]] == ("1" if sign == "+" else "-1")
+    with pytest.raises(ConfigError, match="task.mention_labels='x'"):
+        LegoConfig(mention_labels="x")
