@@ -33,6 +33,8 @@ def describe(run_dir: str, n: int, identity_prob: float, seed: int = 0) -> list[
              + " ".join(f"{c:.2f}" for c in collapse.tolist())]
     if run.task.cfg.forest_fraction > 0:
         lines += forest_accuracy(run, n=4000, seed=seed)
+    if run.task.cfg.mention_labels != "none":
+        lines += mention_accuracy(run, n=2000, seed=seed)
     for variable in range(2, run.task.cfg.n_vars):
         cells = []
         for name, batch in data.items():
@@ -45,6 +47,17 @@ def describe(run_dir: str, n: int, identity_prob: float, seed: int = 0) -> list[
                          f"{most[0]} (uniform {pull.uniform:.3f})")
         lines.append(f"  #{variable}  " + "; ".join(cells))
     return lines
+
+
+def mention_accuracy(run, n: int, seed: int) -> list[str]:
+    """Accuracy of the mention labels (`task.mention_labels`) on training-split sentences, per
+    mentioned variable: what the right-hand token of #k+1's clause says about #k."""
+    batch = run.task.sample(n, seeded_generator(seed + 11))
+    n_vars = run.task.cfg.n_vars
+    correct = (predictions(run.model, batch) == batch.labels) & batch.label_mask
+    shown = [f"#{k} {correct[:, n_vars + k].sum() / batch.label_mask[:, n_vars + k].sum():.3f}"
+             for k in range(n_vars) if batch.loss_mask[:, n_vars + k].any()]
+    return [f"  mention labels ({run.task.cfg.mention_labels}) of the supervised variables, accuracy: " + ", ".join(shown)]
 
 
 def forest_accuracy(run, n: int, seed: int) -> list[str]:
