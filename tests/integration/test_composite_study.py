@@ -49,10 +49,13 @@ def test_phase_protocol_keeps_each_seeds_best_learning_rate_and_averages_seeds()
         "1-1": {"seen_accuracy": 0.96, "held_out_inferential": 0.6, "held_out_symmetric": 0.3, "verdict": "inferential"},
         "1-2": {"seen_accuracy": 0.92, "held_out_inferential": 0.0, "held_out_symmetric": 1.0, "verdict": "symmetric"},
     }
-    cell = aggregate_phase(points, measured)["0.5,2"]
+    cell = aggregate_phase(points, measured, d_model=400)["0.5,2"]
     assert cell["seeds"] == 2 and cell["seed_verdicts"] == ["inferential", "inferential"]
     assert cell["seen_accuracy"] == pytest.approx(0.98) and cell["held_out_inferential"] == pytest.approx(0.7)
     assert cell["verdict"] == "inferential"
+    # per mapping, the best learned run of each seed: seed 0 (0.8, 0.1), seed 1 (0.6, 1.0)
+    assert cell["best_inferential"] == pytest.approx(0.7) and cell["best_symmetric"] == pytest.approx(0.55)
+    assert cell["init_std"] == pytest.approx(0.05)  # 400^-0.5
 
 
 def test_a_study_with_set_trains_every_cell_post_ln_and_refuses_where_it_cannot(tmp_path):
