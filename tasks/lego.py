@@ -86,6 +86,9 @@ class LegoConfig:
     token found by its letter (associative recall), learnable before any value is computed.
     "none" (default): no extra labels. Test sentences and every reported accuracy use the named
     labels only.
+    n_letters: variables are named from the first n_letters letters (default all 26), in train
+    and test alike. With n_letters = n_vars every sentence uses the same letters in new roles,
+    so each letter pair a same-letter (association) head must match occurs in every sentence.
     """
 
     name: str = "lego"
@@ -100,6 +103,7 @@ class LegoConfig:
     forest_fraction: float = 0.0
     cut_prob: float = 0.5
     mention_labels: str = "none"
+    n_letters: int = len(VARIABLES)
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
@@ -108,6 +112,8 @@ class LegoConfig:
             raise ConfigError(
                 f"task.n_vars={self.n_vars} is outside 1..{len(VARIABLES)} (one letter per variable)"
             )
+        if not self.n_vars <= self.n_letters <= len(VARIABLES):
+            raise ConfigError(f"task.n_letters={self.n_letters} is outside n_vars={self.n_vars}..{len(VARIABLES)}")
         if self.supervision not in SUPERVISION_MODES:
             raise ConfigError(f"task.supervision={self.supervision!r} is unknown; use one of {SUPERVISION_MODES}")
         if self.supervision != "all" and not 1 <= self.n_supervised <= self.n_vars:
@@ -161,7 +167,7 @@ class LegoTask:
         position means the same thing in every row, as per-position patching needs."""
         cfg, n_values = self.cfg, len(self.group.values)
         latents = {
-            "variables": torch.rand(n, len(VARIABLES), generator=gen).argsort(-1)[:, : cfg.n_vars],
+            "variables": torch.rand(n, cfg.n_letters, generator=gen).argsort(-1)[:, : cfg.n_vars],
             "elements": self._draw_elements(n, gen, biased=split == "train" and not aligned),
             "root": torch.randint(n_values, (n,), generator=gen),
             "order_keys": self._draw_order(n, gen, aligned, curriculum=split == "train" and not aligned),

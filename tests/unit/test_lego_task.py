@@ -202,3 +202,14 @@ def test_element_mention_labels_give_the_sign_of_the_clause_defining_the_mention
                 assert task.group.values[train.labels[i, slot]] == ("1" if sign == "+" else "-1")
     with pytest.raises(ConfigError, match="task.mention_labels='x'"):
         LegoConfig(mention_labels="x")
+
+
+def test_n_letters_names_variables_from_the_first_letters_only(gen):
+    task = LegoTask(LegoConfig(n_vars=6, n_letters=6))
+    for split in ("train", "test"):
+        batch = task.sample(200, gen, split=split)
+        letters = {token for row in batch.tokens.tolist() for token in row if task.vocab[token] in "abcdefghijklmnopqrstuvwxyz"}
+        assert {task.vocab[t] for t in letters} == set("abcdef")
+    assert_labels_follow_the_text(task, task.sample(50, gen), 50)
+    with pytest.raises(ConfigError, match="task.n_letters=5"):
+        LegoConfig(n_vars=6, n_letters=5)
