@@ -4,6 +4,7 @@ written), 3 training diverged (recorded in the run's metrics.jsonl)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -144,9 +145,37 @@ def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
     except TrainingDiverged as err:
         print(f"workbench: training diverged: {err}", file=sys.stderr)
         return EXIT_DIVERGED
+    except RuntimeError as err:  # torch.OutOfMemoryError is one too
+        if not _out_of_memory(err):
+            raise
+        if not resume:
+            _remove_unstarted_run(out)
+        train = cfg.train
+        raise ConfigError(f"out of memory ({str(err).splitlines()[0][:200]}). The run's sizes: train.batch_size="
+                          f"{train.batch_size}, train.eval_size={train.eval_size}, train.n_train={train.n_train}, "
+                          f"model.d_model={cfg.model.d_model}; lower the one that is too large") from None
     summary = {k: v for k, v in result.final.items() if k not in ("acc_per_pair",)}
     print(f"trained {result.steps} steps in {result.seconds:.1f} s -> {out}\n{json.dumps(summary)}")
     return 0
+
+
+def _out_of_memory(err: RuntimeError) -> bool:
+    import torch
+
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
+
+
+def _remove_unstarted_run(out: Path) -> None:
+    """After a failure before the first checkpoint: the run files this run wrote, and the folder
+    if nothing else is in it, so that the same --out can be used again with other settings."""
+    from models.runs import CONFIG, METRICS, MIMIC, TRAIN_STATE
+
+    if not out.is_dir() or (out / TRAIN_STATE).exists():
+        return
+    for name in (CONFIG, METRICS, MIMIC):
+        (out / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        out.rmdir()
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -180,6 +209,10 @@ def _check_new_run_folder(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder; choose a folder for the run")
     if not out.exists():
+        try:
+            out.mkdir(parents=True)
+        except OSError as err:
+            raise ConfigError(f"--out {out} cannot be created ({err.strerror}); choose a folder you can write") from None
         return
     others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
     if others or (any(p.name != LOCK for p in out.iterdir()) and not (out / CONFIG).exists()):

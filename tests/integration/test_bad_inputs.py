@@ -21,6 +21,7 @@ BAD_VALUES = [
     ("lego-cpu", "task.identity_prob", "-0.1", "identity_prob=-0.1"),
     ("lego-cpu", "task.ordered_fraction", "NaN", "ordered_fraction=nan"),
     ("lego-cpu", "task.forest_fraction", "2", "forest_fraction=2"), ("lego-cpu", "task.cut_prob", "-1", "cut_prob=-1"),
+    ("lego-cpu", "task.mention_labels", "both", "mention_labels='both'"), ("lego-cpu", "task.n_letters", "3", "n_letters=3"),
     ("lego-cpu", "model.n_layers", "0", "n_layers=0"), ("lego-cpu", "model.d_model", "0", "d_model=0"),
     ("lego-cpu", "model.n_heads", "0", "n_heads=0"), ("lego-cpu", "model.d_head", "-4", "d_head=-4"),
     ("lego-cpu", "model.d_mlp", "0", "d_mlp=0"), ("lego-cpu", "model.act_fn", "tanhh", "act_fn='tanhh'"),
@@ -129,3 +130,17 @@ def test_bad_study_option(tmp_path, capsys, options, named):
 def test_the_table_holds_at_least_sixty_bad_inputs():
     assert 2 * len(BAD_VALUES) + len(SWEEP_VALUES) + len(STUDY_OPTIONS) >= 60
     assert len({(p, k, v) for p, k, v, _ in BAD_VALUES}) == len(BAD_VALUES)  # no case counted twice
+
+
+def test_a_size_too_large_for_memory_exits_2_naming_the_sizes_and_leaves_no_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--preset", "composite-cpu", "--out", str(out), "--set", "train.batch_size=1000000000000",
+                 "--set", "train.steps=2", "--no-progress"])
+    assert_refused(code, capsys.readouterr().err, "train.batch_size=1000000000000")
+    assert not out.exists()  # the same --out works again with a smaller size
+
+
+def test_an_out_folder_that_cannot_be_created_exits_2(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    code = main(["train", "--preset", "composite-cpu", "--out", str(tmp_path / "file" / "run"), "--no-progress"])
+    assert_refused(code, capsys.readouterr().err, "cannot be created")
