@@ -22,7 +22,7 @@ from transformer_lens import HookedTransformer
 
 from interp import plots
 from interp.attention import classify_heads
-from interp.circuit import circuit_svg, find_circuit
+from interp.circuit import chains_to_logits, circuit_svg, find_circuit, loop_steps
 from interp.patching import (
     attribute_head_out,
     logit_diff_metric,
@@ -78,6 +78,7 @@ class TaskAnalysis:
     """The task-specific steps of `workbench analyze` and of the run report.
 
     findings(run, seed) -> (probe map or None, verdict), both JSON-ready;
+    circuit_findings(circuit, heads) -> what the verdict adds from the circuit graph;
     headline(verdict) -> the one line `workbench analyze` prints;
     verdict_html, probes_html -> report sections; curves(run) -> the training-curve figure."""
 
@@ -87,6 +88,7 @@ class TaskAnalysis:
     probes_html: Callable[[dict[str, Any]], str] | None
     curves: Callable[[LoadedRun], plt.Figure]
     curves_caption: str
+    circuit_findings: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None
 
 
 def task_analysis(name: str) -> TaskAnalysis:
@@ -160,6 +162,9 @@ def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> RunAnaly
     heads["planted"] = run.config.model.planted  # hardcoded heads, not learned
     patching = patching_analysis(run, seed=seed)
     probes, verdict = steps.findings(run, seed)
+    circuit = patching["paths"].get("circuit")
+    if circuit is not None and steps.circuit_findings is not None:
+        verdict.update(steps.circuit_findings(circuit, heads))
     return RunAnalysis(str(run.path), run.config.task.name, heads, patching, probes, verdict,
                        round(time.perf_counter() - started, 2))
 
@@ -182,6 +187,43 @@ def _composite_findings(run: LoadedRun, seed: int) -> tuple[dict[str, Any], dict
 
 def _templates_findings(run: LoadedRun, seed: int) -> tuple[None, dict[str, Any]]:
     return None, templates_verdict(run.model, run.task, seed=seed).to_dict()
+
+
+def _head_kinds(heads: dict[str, Any]) -> dict[str, str]:
+    """"L1H0" -> its label, with " (planted)" for a planted head."""
+    planted = {tuple(int(x) for x in key.split(".")) for key in (heads.get("planted") or {})}
+    return {f"L{layer}H{head}": label + (" (planted)" if (layer, head) in planted else "")
+            for layer, row in enumerate(heads["labels"]) for head, label in enumerate(row)}
+
+
+def _named_chain(chain: list[str], kinds: dict[str, str]) -> str:
+    return " -> ".join(node if node == "logits" else f"{node} ({kinds.get(node, '?')})" for node in chain)
+
+
+def _lego_circuit_findings(circuit: dict[str, Any], heads: dict[str, Any]) -> dict[str, Any]:
+    """For-loop evidence from the circuit graph: a path to the logits on which an association
+    head feeds a manipulation head in the next layer, or the other way round."""
+    kinds = _head_kinds(heads)
+    plain = {name: kind.removesuffix(" (planted)") for name, kind in kinds.items()}
+    chains = chains_to_logits(circuit)
+    looping = [chain for chain in chains if loop_steps(chain, plain)]
+    if looping:
+        steps = len(loop_steps(looping[0], plain))
+        line = (f"circuit: {steps} for-loop step(s), association and manipulation heads in consecutive layers on a "
+                f"path to the logits: {_named_chain(looping[0], kinds)}")
+    elif chains:
+        line = (f"circuit: no path to the logits passes from an association head to a manipulation head in the next "
+                f"layer or back; longest path: {_named_chain(chains[0], kinds)}")
+    else:
+        line = "circuit: no path patching edge of the circuit reaches the logits"
+    return {"circuit_chain": looping[0] if looping else (chains[0] if chains else []),
+            "findings_from_circuit": [line]}
+
+
+def _composite_circuit_findings(circuit: dict[str, Any], heads: dict[str, Any]) -> dict[str, Any]:
+    """The route to the answer: the circuit's longest path to the logits."""
+    chains = chains_to_logits(circuit)
+    return {"route": _named_chain(chains[0], _head_kinds(heads)) if chains else "no circuit edge reaches the logits"}
 
 
 def _rule_findings(rules: list[ParityRule]) -> list[str]:
@@ -250,7 +292,8 @@ def _table_verdict_html(verdict: dict[str, Any]) -> str:
 
 
 def _lego_verdict_html(verdict: dict[str, Any]) -> str:
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in verdict["findings"])
+    lines = verdict["findings"] + verdict.get("findings_from_circuit", [])
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
     rules = verdict.get("parity_rules")  # Z2 only
     rows = [[f"#{i}", a, "yes" if s else "no", verdict["learned_step"][i],
              *([f"{rules[i]['rule']} ({rules[i]['agreement']:.2f})"] if rules else [])]
@@ -371,11 +414,11 @@ def _lego_curves(run: LoadedRun) -> plt.Figure:
 TASK_ANALYSES: dict[str, TaskAnalysis] = {
     "lego": TaskAnalysis(
         _lego_findings, lambda verdict: json.dumps(verdict["findings"]), _lego_verdict_html, _lego_probes_html,
-        _lego_curves, "Solid: supervised variables; dashed: not supervised (extrapolation)."),
+        _lego_curves, "Solid: supervised variables; dashed: not supervised (extrapolation).", _lego_circuit_findings),
     "composite": TaskAnalysis(
         _composite_findings, lambda verdict: verdict["verdict"], _table_verdict_html, _composite_probes_html,
         lambda run: plots.composite_curves(run.metrics),
-        "Seen-pair accuracy on test keys, and the answers on the held-out pair."),
+        "Seen-pair accuracy on test keys, and the answers on the held-out pair.", _composite_circuit_findings),
     "templates": TaskAnalysis(
         _templates_findings, lambda verdict: f"{verdict['verdict']} (accuracy per symbol split {verdict['accuracy']})",
         _table_verdict_html, None, lambda run: plots.templates_curves(run.metrics),

@@ -139,3 +139,34 @@ def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: li
                      f"<text x='{x}' y='{y + 11}' text-anchor='middle' font-size='9'>{html.escape(kind[:11])}</text>")
     parts.append("</svg>")
     return "".join(parts)
+
+
+def chains_to_logits(circuit: dict[str, Any]) -> list[list[str]]:
+    """Every path along the circuit's edges that ends at the logits, as head names then
+    "logits"; longest first, then by the weakest edge on it (strongest first)."""
+    into: dict[str, list[tuple[str, float]]] = {}
+    for sender, receiver, value in circuit["edges"]:
+        into.setdefault(receiver.split(".")[0], []).append((sender, abs(value)))
+
+    def back(node: str, seen: frozenset[str]) -> list[tuple[list[str], float]]:
+        found = [([node], float("inf"))]
+        for sender, value in into.get(node, []):
+            if sender not in seen:  # edges run from earlier to later layers; guard anyway
+                found += [([*path, node], min(weakest, value)) for path, weakest in back(sender, seen | {sender})]
+        return found
+
+    paths = [(path, weakest) for path, weakest in back("logits", frozenset()) if len(path) > 1]
+    paths.sort(key=lambda item: (-len(item[0]), -item[1]))
+    return [path for path, _ in paths]
+
+
+def layer_of(name: str) -> int:
+    return int(name[1:].split("H")[0])
+
+
+def loop_steps(chain: list[str], kinds: dict[str, str]) -> list[tuple[str, str]]:
+    """The edges of a chain from an association head to a manipulation head in the next layer,
+    or the other way round: one iteration of the LEGO for-loop each."""
+    pairs = zip(chain, chain[1:])
+    return [(a, b) for a, b in pairs if b != "logits" and layer_of(b) == layer_of(a) + 1
+            and {kinds.get(a), kinds.get(b)} == {"association", "manipulation"}]

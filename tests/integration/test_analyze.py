@@ -1,5 +1,6 @@
 """`workbench analyze` on freshly trained tiny runs: analysis.json and the report's sections."""
 
+import html
 import json
 
 import pytest
@@ -34,6 +35,12 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     top = set(exact.abs().flatten().topk(verified["k"]).indices.tolist())
     assert verified["heads"] == max(order.index(i) for i in top) + 1 and verified["of"] == n_heads
     assert f"after {verified['heads']} of {n_heads} heads" in page
+    verdict = analysis["verdict"]  # what the verdict reads from the circuit graph
+    if task == "lego":
+        assert len(verdict["findings_from_circuit"]) == 1 and verdict["findings_from_circuit"][0].startswith("circuit: ")
+        assert html.escape(verdict["findings_from_circuit"][0]) in page
+    elif task == "composite":
+        assert verdict["route"].endswith("logits") or verdict["route"] == "no circuit edge reaches the logits"
     paths = analysis["patching"]["paths"]  # the strongest head-to-head and head-to-logits paths
     if task == "templates":  # the preset's identity-augmented attention is beyond path patching: said, not hidden
         assert "identity-augmented" in paths["refused"] and "Not computed: path patching" in page

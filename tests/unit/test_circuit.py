@@ -54,3 +54,17 @@ def test_the_circuit_is_the_shortest_prefix_that_reaches_the_target_and_its_edge
     root = ET.fromstring(svg)  # well-formed
     assert sum(1 for el in root.iter() if el.tag.endswith("circle")) == 6
     assert len([el for el in root.iter() if el.tag.endswith("line")]) == len(circuit.edges)
+
+
+def test_chains_to_logits_follow_edges_back_from_the_logits_longest_first():
+    from interp.circuit import chains_to_logits, loop_steps
+
+    circuit = {"edges": [["L1H0", "L2H1.v", 0.3], ["L2H1", "L3H0.k", 0.2], ["L3H0", "logits", 0.5],
+                         ["L0H1", "L2H1.q", 0.1], ["L2H1", "logits", 0.4], ["L0H0", "L1H1.v", 0.9]]}
+    chains = chains_to_logits(circuit)
+    assert chains[0] == ["L1H0", "L2H1", "L3H0", "logits"]  # same length: its weakest edge (0.2) beats 0.1
+    assert ["L3H0", "logits"] in chains and ["L2H1", "logits"] in chains
+    assert not any("L1H1" in chain for chain in chains)  # L1H1 reaches no logits
+    kinds = {"L1H0": "association", "L2H1": "manipulation", "L3H0": "association", "L0H1": "manipulation"}
+    assert loop_steps(chains[0], kinds) == [("L1H0", "L2H1"), ("L2H1", "L3H0")]
+    assert loop_steps(["L0H1", "L2H1", "logits"], kinds) == []  # layers 0 -> 2 are not consecutive
