@@ -125,6 +125,11 @@ class TrainConfig:
     identity_lr_scale: the identity-attention scalars a_h, b_h (model.identity_attention) train
       at this multiple of the learning rate; they start at 0 and a same-symbol logit gap of a
       few units needs a_h of order 1, hundreds of steps at Adam's lr 1e-3.
+    plateau_evals: a stop rule. None (default) trains all `steps`; a number N stops the run at
+      the evaluation where the headline accuracy (supervised variables, seen pairs) has not risen
+      more than `plateau_tol` above its best before the last N evaluations. The run is then done
+      (resume does not continue it), with its last checkpoint at that step; the lr schedule stays
+      that of `steps`.
     """
 
     steps: int = 1000
@@ -144,8 +149,14 @@ class TrainConfig:
     compile: bool = False
     precision: str = "fp32"
     identity_lr_scale: float = 1.0
+    plateau_evals: int | None = None
+    plateau_tol: float = 0.002
 
     def __post_init__(self) -> None:
+        if self.plateau_evals is not None and self.plateau_evals < 1:
+            raise ConfigError(f"train.plateau_evals={self.plateau_evals} must be >= 1, or null to train every step")
+        if not 0 <= self.plateau_tol < 1:
+            raise ConfigError(f"train.plateau_tol={self.plateau_tol} must be within 0..1")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision={self.precision!r} is unknown; use one of {PRECISIONS}")
         if not self.identity_lr_scale > 0:

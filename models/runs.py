@@ -201,12 +201,14 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def run_state(run_dir: Path, cfg: RunConfig) -> str:
-    """Where a run folder stands for `cfg`: `done` (weights, and metrics up to the last step),
+    """Where a run folder stands for `cfg`: `done` (weights, and metrics up to the last step or
+    to a stop rule's stop),
     `diverged` (its last record says so), `partial` (a checkpoint to resume from) or `new`."""
     metrics = read_metrics(run_dir)
     if metrics and metrics[-1].get("diverged"):
         return "diverged"
-    if (Path(run_dir) / WEIGHTS).exists() and metrics and metrics[-1].get("step") == cfg.train.steps:
+    if (Path(run_dir) / WEIGHTS).exists() and metrics and (
+            metrics[-1].get("step") == cfg.train.steps or metrics[-1].get("stopped")):
         return "done"
     return "partial" if (Path(run_dir) / TRAIN_STATE).exists() else "new"
 

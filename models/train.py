@@ -189,15 +189,17 @@ class Trainer:
                    dynamic_ncols=True, mininterval=interval)
         record: dict[str, Any] = {}
         started = time.perf_counter() - self.elapsed
-        while self.step < train.steps:
+        stopped = bool((read_metrics(self.run_dir) or [{}])[-1].get("stopped"))  # a resumed run the rule ended
+        while self.step < train.steps and not stopped:
             self._train_step(self._next_batch())
             self.step += 1
             bar.update(1)
             self.elapsed = time.perf_counter() - started
             if self.step % train.eval_every == 0 or self.step == train.steps:
                 record = self._evaluate()
+                stopped = bool(record.get("stopped"))
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=_headline(record))
-            if self.step % train.checkpoint_every == 0 or self.step == train.steps:
+            if self.step % train.checkpoint_every == 0 or self.step == train.steps or stopped:
                 self._checkpoint()
         bar.close()
         return TrainResult(self.step, self.elapsed, record or (read_metrics(self.run_dir) or [{}])[-1])
@@ -284,8 +286,21 @@ class Trainer:
             "elapsed_s": round(self.elapsed, 2), **self.task.accuracy(batch.to("cpu"), picked.argmax(-1).cpu()),
         }
         self.loss_sum, self.loss_count = 0.0, 0
+        if self._plateaued(record):
+            record["stopped"] = "plateau"
         self._append_metrics(record)
         return record
+
+    def _plateaued(self, record: dict[str, Any]) -> bool:
+        """The stop rule (`train.plateau_evals`): the headline accuracy of the last N evaluations,
+        this one included, rises no more than `plateau_tol` above its best before them."""
+        n = self.cfg.train.plateau_evals
+        if n is None or self.step >= self.cfg.train.steps:
+            return False
+        history = [_headline_value(r) for r in read_metrics(self.run_dir) if "train_loss" in r] + [_headline_value(record)]
+        if len(history) <= n or any(v is None for v in history):
+            return False
+        return max(history[-n:]) <= max(history[:-n]) + self.cfg.train.plateau_tol
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
         with open(self.run_dir / METRICS, "a") as f:
@@ -355,8 +370,13 @@ class Trainer:
         self.optimizer.load_state_dict({"state": state, "param_groups": template["param_groups"]})
 
 
+def _headline_value(record: dict[str, Any]) -> float | None:
+    """The accuracy a run is judged by: supervised variables (LEGO), seen pairs (composite)."""
+    return record.get("acc_supervised", record.get("acc_seen", record.get("acc")))
+
+
 def _headline(record: dict[str, Any]) -> str:
-    value = record.get("acc_supervised", record.get("acc_seen", record.get("acc")))
+    value = _headline_value(record)
     return "-" if value is None else f"{value:.3f}"
 
 

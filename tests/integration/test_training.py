@@ -141,3 +141,21 @@ def test_two_fits_on_two_threads_give_bit_identical_weights(tmp_path):
         torch.set_num_threads(threads)
     a, b = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("a", "b"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_plateau_rule_stops_a_run_where_its_accuracy_stopped_rising_and_resume_keeps_it_stopped(tmp_path):
+    from models.runs import run_state
+
+    cfg = tiny_composite_run(steps=400, plateau_evals=3, eval_every=10, checkpoint_every=50)
+    result = Trainer(cfg, tmp_path / "r", progress=False).fit()
+    records = read_metrics(tmp_path / "r")
+    assert records[-1]["stopped"] == "plateau" and result.steps == records[-1]["step"] < 400
+    seen = [r["acc_seen"] for r in records]
+    # the rule, read off the curve: it holds at the stop and at no evaluation before it
+    holds = [len(seen[: i + 1]) > 3 and max(seen[i - 2: i + 1]) <= max(seen[: i - 2]) + 0.002 for i in range(len(seen))]
+    assert holds[-1] and not any(holds[:-1])
+    assert run_state(tmp_path / "r", cfg) == "done"
+    weights = load_file(tmp_path / "r" / "model.safetensors")
+    assert Trainer(cfg, tmp_path / "r", resume=True, progress=False).fit().steps == result.steps
+    assert read_metrics(tmp_path / "r") == records  # resumed, nothing trained
+    assert all(torch.equal(weights[k], v) for k, v in load_file(tmp_path / "r" / "model.safetensors").items())
