@@ -40,3 +40,17 @@ def test_residual_similarity_is_one_when_every_position_holds_the_same_vector(ge
         model.embed.W_E[:] = 1.0
         model.pos_embed.W_pos[:] = 0.0
     assert residual_similarity(model, tokens)[0] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("shift, expected", [(0, "1.000"), (1, "0.000")])
+def test_mention_accuracy_reads_the_mention_slots_of_the_supervised_variables(monkeypatch, shift, expected):
+    from types import SimpleNamespace
+
+    import analyses.plateau as plateau
+
+    task = LegoTask(LegoConfig(n_vars=5, n_supervised=3, mention_labels="value"))
+    # a model that answers every label slot right (shift 0) or wrong (shift 1, z2)
+    monkeypatch.setattr(plateau, "predictions", lambda model, batch: (batch.labels + shift) % 2)
+    line = plateau.mention_accuracy(SimpleNamespace(model=None, task=task), n=200, seed=0)[0]
+    assert line.startswith("  mention labels (value)")
+    assert line.endswith(", ".join(f"#{k} {expected}" for k in range(3)))  # #3 and #4 are not supervised
