@@ -209,15 +209,26 @@ def _check_new_run_folder(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder; choose a folder for the run")
     if not out.exists():
-        try:
-            out.mkdir(parents=True)
-        except OSError as err:
-            raise ConfigError(f"--out {out} cannot be created ({err.strerror}); choose a folder you can write") from None
+        _check_creatable(out)
         return
     others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
     if others or (any(p.name != LOCK for p in out.iterdir()) and not (out / CONFIG).exists()):
         listed = ", ".join(others[:5]) or "run files without a config.json"
         raise ConfigError(f"--out {out} holds files that are not a run's ({listed}); choose a new or empty folder")
+
+
+def _check_creatable(out: Path) -> None:
+    """Create `out` and remove it again (with the parents that did not exist), so that a folder
+    that cannot be made is refused before anything runs, and nothing is left when a later check
+    refuses the run."""
+    missing = [out, *[p for p in out.parents if not p.exists()]]
+    try:
+        out.mkdir(parents=True)
+    except OSError as err:
+        raise ConfigError(f"--out {out} cannot be created ({err.strerror}); choose a folder you can write") from None
+    for folder in missing:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
