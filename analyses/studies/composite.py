@@ -160,6 +160,23 @@ def aggregate_phase(points: dict[str, dict[str, Any]], measured: dict[str, dict[
     return table
 
 
+def sweep_phase_table(index: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`aggregate_phase` over a composite sweep's index (sweep.json), from each cell's last
+    evaluation (seen accuracy and held-out rates on the run's evaluation batch); cells that
+    did not finish are left out. Depth comes from the grid, else from the base config."""
+    base = index["base"]["model"]
+    points, measured = {}, {}
+    for name, cell in index["cells"].items():
+        final = cell.get("final") or {}
+        if cell.get("status") != "done" or "acc_seen" not in final:
+            continue
+        points[name] = {"model.n_layers": base["n_layers"], "model.init_gamma": base["init_gamma"], **cell["point"]}
+        rates = {"seen_accuracy": final["acc_seen"], "held_out_inferential": final["held_out_inferential"],
+                 "held_out_symmetric": final["held_out_symmetric"]}
+        measured[name] = {**rates, "verdict": classify_composite(*rates.values())}
+    return aggregate_phase(points, measured, base["d_model"])
+
+
 def phase_figure(table: dict[str, dict[str, Any]]) -> plt.Figure:
     """Figure 2 of the paper: held-out inferential and symmetric rates over (gamma, depth), with
     seen-pair accuracy; each cell marked I / S / M / U by its verdict."""
@@ -362,3 +379,24 @@ STUDIES = [
     Study("composite-lr-wd", "composite: learning rate x weight decay push toward inference (finding 5)", run_lr_wd,
           base_config=base_config),
 ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m analyses.studies.composite SWEEP_DIR`: the phase protocol's table of a
+    composite sweep (`workbench sweep --preset composite-cpu --grid train.seed=... train.lr=...
+    model.init_gamma=...`): per (gamma, depth) the verdict of the seeds' best learning rates."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    parser.add_argument("sweep_dir", type=Path)
+    args = parser.parse_args(argv)
+    table = sweep_phase_table(json.loads((args.sweep_dir / "sweep.json").read_text()))
+    for cell in table.values():
+        print(json.dumps(cell))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -72,3 +72,20 @@ def test_a_study_with_set_trains_every_cell_post_ln_and_refuses_where_it_cannot(
         run_study("composite-phase", None, "tiny", overrides=["model.norm_position=post"])
     with pytest.raises(ConfigError, match="norm_position='middle'"):
         run_study("composite-phase", tmp_path / "y", "tiny", overrides=["model.norm_position=middle"])
+
+
+def test_a_sweeps_index_gives_the_phase_protocols_table():
+    from analyses.studies.composite import sweep_phase_table
+
+    def cell(seed, lr, seen, inferential, symmetric, status="done"):
+        return {"point": {"train.seed": seed, "train.lr": lr}, "status": status,
+                "final": {"acc_seen": seen, "held_out_inferential": inferential, "held_out_symmetric": symmetric}}
+
+    index = {"base": {"model": {"n_layers": 2, "init_gamma": 0.7, "d_model": 128}},
+             "cells": {"a": cell(0, 1, 1.0, 0.9, 0.0), "b": cell(0, 2, 0.5, 0.0, 0.0),
+                       "c": cell(1, 1, 0.95, 0.1, 0.8), "d": cell(1, 2, 0.0, 0.0, 0.0, status="failed")}}
+    table = sweep_phase_table(index)
+    assert list(table) == ["0.7,2"]
+    row = table["0.7,2"]
+    assert row["seeds"] == 2 and row["seed_verdicts"] == ["inferential", "symmetric"]
+    assert row["held_out_inferential"] == pytest.approx(0.5) and row["init_std"] == pytest.approx(128 ** -0.7, abs=1e-5)
