@@ -189,41 +189,42 @@ def _templates_findings(run: LoadedRun, seed: int) -> tuple[None, dict[str, Any]
     return None, templates_verdict(run.model, run.task, seed=seed).to_dict()
 
 
-def _head_kinds(heads: dict[str, Any]) -> dict[str, str]:
-    """"L1H0" -> its label, with " (planted)" for a planted head."""
-    planted = {tuple(int(x) for x in key.split(".")) for key in (heads.get("planted") or {})}
-    return {f"L{layer}H{head}": label + (" (planted)" if (layer, head) in planted else "")
-            for layer, row in enumerate(heads["labels"]) for head, label in enumerate(row)}
+def _head_labels(heads: dict[str, Any]) -> dict[str, str]:
+    """"L1H0" -> its label."""
+    return {f"L{layer}H{head}": label for layer, row in enumerate(heads["labels"]) for head, label in enumerate(row)}
 
 
-def _named_chain(chain: list[str], kinds: dict[str, str]) -> str:
-    return " -> ".join(node if node == "logits" else f"{node} ({kinds.get(node, '?')})" for node in chain)
+def _named_chain(chain: list[str], heads: dict[str, Any]) -> str:
+    """`L1H0 (manipulation) -> L2H0 (association, planted) -> logits`."""
+    labels = _head_labels(heads)
+    planted = {"L{}H{}".format(*key.split(".")) for key in (heads.get("planted") or {})}
+    return " -> ".join(node if node == "logits" else f"{node} ({labels.get(node, '?')}{', planted' * (node in planted)})"
+                       for node in chain)
 
 
 def _lego_circuit_findings(circuit: dict[str, Any], heads: dict[str, Any]) -> dict[str, Any]:
     """For-loop evidence from the circuit graph: a path to the logits on which an association
     head feeds a manipulation head in the next layer, or the other way round."""
-    kinds = _head_kinds(heads)
-    plain = {name: kind.removesuffix(" (planted)") for name, kind in kinds.items()}
+    labels = _head_labels(heads)
     chains = chains_to_logits(circuit)
-    looping = [chain for chain in chains if loop_steps(chain, plain)]
+    looping = [(chain, steps) for chain in chains if (steps := loop_steps(chain, labels))]
     if looping:
-        steps = len(loop_steps(looping[0], plain))
-        line = (f"circuit: {steps} for-loop step(s), association and manipulation heads in consecutive layers on a "
-                f"path to the logits: {_named_chain(looping[0], kinds)}")
+        chain, steps = looping[0]
+        line = (f"circuit: {len(steps)} for-loop step(s), association and manipulation heads in consecutive layers on "
+                f"a path to the logits: {_named_chain(chain, heads)}")
     elif chains:
+        chain = chains[0]
         line = (f"circuit: no path to the logits passes from an association head to a manipulation head in the next "
-                f"layer or back; longest path: {_named_chain(chains[0], kinds)}")
+                f"layer or back; longest path: {_named_chain(chain, heads)}")
     else:
-        line = "circuit: no path patching edge of the circuit reaches the logits"
-    return {"circuit_chain": looping[0] if looping else (chains[0] if chains else []),
-            "findings_from_circuit": [line]}
+        chain, line = [], "circuit: no path patching edge of the circuit reaches the logits"
+    return {"circuit_chain": chain, "findings_from_circuit": [line]}
 
 
 def _composite_circuit_findings(circuit: dict[str, Any], heads: dict[str, Any]) -> dict[str, Any]:
     """The route to the answer: the circuit's longest path to the logits."""
     chains = chains_to_logits(circuit)
-    return {"route": _named_chain(chains[0], _head_kinds(heads)) if chains else "no circuit edge reaches the logits"}
+    return {"route": _named_chain(chains[0], heads) if chains else "no circuit edge reaches the logits"}
 
 
 def _rule_findings(rules: list[ParityRule]) -> list[str]:

@@ -807,24 +807,20 @@ def screen_and_verify(
                                  layers=layers, steps=steps, qk_fix=qk_fix, grad_drop=grad_drop, max_batch=max_batch)
     sweep = _validate(model, clean_tokens, corrupted_tokens, kind, over, direction, layers, max_batch)
     cells = _cells(model, sweep, clean_tokens.shape[1], clean_tokens.device)
-    per_layer_cells = len(cells.masks)
     chosen = effect_sizes(estimate).flatten().argsort(descending=True, stable=True)[:budget].to(cells.masks.device)
+    layer_index, cell = chosen // len(cells.masks), chosen % len(cells.masks)  # flat index = layer x cell
     per_layer: list[_Cells | None] = []
     for i in range(len(sweep.layers)):
-        mine = chosen[(chosen // per_layer_cells) == i] % per_layer_cells
+        mine = cell[layer_index == i]  # in the estimate's order, as `raw` is filled below
         per_layer.append(None if len(mine) == 0 else _Cells(
             cells.shape, cells.masks[mine], cells.masks[mine], torch.arange(len(mine), device=mine.device),
             cells.positions[mine]))
     raw_by_layer, clean_metric, corrupted_metric = _exact_cells(model, clean_tokens, corrupted_tokens, metric, sweep,
                                                                per_layer, max_batch)
-    found = {}
-    for i, raw in enumerate(raw_by_layer):
-        if len(raw):
-            mine = chosen[(chosen // per_layer_cells) == i]
-            found |= {int(c): r for c, r in zip(mine.tolist(), raw.cpu())}
-    raw = torch.stack([found[int(c)] for c in chosen.tolist()])
-    shape = cells.shape
-    index = [tuple(int(x) for x in torch.unravel_index(torch.tensor(c), shape)) for c in chosen.tolist()]
-    # the cells' layer index along axis 0 is a position in `layers`; report the layer itself
-    named = [(sweep.layers[c[0]], *c[1:]) for c in index]
+    raw = torch.empty(len(chosen))
+    for i, values in enumerate(raw_by_layer):
+        raw[(layer_index == i).cpu()] = values.cpu()
+    # axis 0 of a cell's index is a position in `layers`: report the layer itself
+    index = torch.stack(torch.unravel_index(chosen.cpu(), cells.shape), dim=1).tolist()
+    named = [(sweep.layers[i[0]], *i[1:]) for i in index]
     return Screened(estimate, named, normalise(raw, clean_metric, corrupted_metric), raw)
