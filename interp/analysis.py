@@ -348,9 +348,12 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
                f"no set of heads reaches the target {circuit['target']:.2f}: with all {total} kept, "
                f"{circuit['faithfulness']:.2f} (the rest is carried by MLPs and embeddings on the clean input)")
     curve = ", ".join(f"{k}: {value:.2f}" for k, value in enumerate(circuit["curve"]))
+    mean = circuit.get("faithfulness_mean")  # absent from analysis.json files written before it existed
+    cross = (f" The same heads with every other head mean-ablated instead (its mean output per position): "
+             f"{mean:.2f}." if isinstance(mean, (int, float)) else "")
     return (f"<p>{html.escape(verdict)}. Every other head is resample-ablated (its output taken from the paired "
-            f"corrupted input); heads join by |exact patching effect|. Edges: path patching between kept heads and "
-            f"to the logits, |value| >= 0.05.</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
+            f"corrupted input); heads join by |exact patching effect|.{html.escape(cross)} Edges: path patching "
+            f"between kept heads and to the logits, |value| >= 0.05.</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
             + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>")
 
 

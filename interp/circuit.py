@@ -2,12 +2,18 @@
 measured, and the paths between them.
 
 Nodes are attention heads. A set of heads is *kept* by running the clean input with every other
-head's output (`attn.hook_z`) resample-ablated: replaced by its value on the paired corrupted
-input. Embeddings and MLPs always run on the clean input, so the set's faithfulness,
+head's output (`attn.hook_z`) ablated. `ablation="resample"` (the default) replaces it by its
+value on the paired corrupted input; `ablation="mean"` by its mean over every clean and
+corrupted input of the batch, per position (the task's sentences share their layout, so a
+position's mean is that slot's typical output). Embeddings and MLPs always run on the clean
+input, so the set's faithfulness,
 
     (m_kept - m_corrupted) / (m_clean - m_corrupted),
 
-is 1 with every head kept, and with none kept it is what the heads do not carry. Heads join in
+is 1 with every head kept, and with none kept it is what the heads do not carry. Both ablations
+share that scale (0 = the corrupted run), so they can be read side by side: the circuit is chosen
+under resample ablation, and `Circuit.faithfulness_mean` measures the same heads under mean
+ablation, a check that the set does not depend on which corrupted value stood in. Heads join in
 the order of their exact patching effect (largest |effect| first) until the faithfulness reaches
 the target (0.9 by default); the whole curve is returned, so a circuit that never reaches it
 says so. Edges are the path patching effects (interp/paths.py) between kept heads and from kept
@@ -32,6 +38,7 @@ from interp.patching import Metric, _baselines, _mean_metric
 from interp.paths import PathPatchResult
 
 TARGET = 0.9
+ABLATIONS = ("resample", "mean")
 
 
 @dataclass
@@ -42,6 +49,8 @@ class Circuit:
     target: float
     curve: list[float] = field(default_factory=list)  # faithfulness with the first k heads, k = 0..n_heads
     order: list[str] = field(default_factory=list)  # every head, by |exact effect|
+    ablation: str = "resample"  # how the heads outside a set were ablated to choose it
+    faithfulness_mean: float | None = None  # of `nodes`, every other head mean-ablated instead
 
     @property
     def reached(self) -> bool:
@@ -58,20 +67,25 @@ def head_name(layer: int, head: int) -> str:
 @torch.no_grad()
 def kept_faithfulness(
     model: HookedTransformer, clean_tokens: Int[Tensor, "batch pos"], corrupted_tokens: Int[Tensor, "batch pos"],
-    metric: Metric, kept: list[set[tuple[int, int]]],
+    metric: Metric, kept: list[set[tuple[int, int]]], ablation: str = "resample",
 ) -> list[float]:
-    """Faithfulness of each set of kept heads (every other head resample-ablated)."""
+    """Faithfulness of each set of kept heads (every other head ablated: see the module's doc)."""
+    if ablation not in ABLATIONS:
+        raise ValueError(f"ablation {ablation!r} is unknown; use one of {ABLATIONS}")
     n = clean_tokens.shape[0]
     logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]),
                                          names_filter=lambda name: name.endswith("attn.hook_z"))
     clean_metric, corrupted_metric = _baselines(metric, logits, n)
+    if ablation == "resample":
+        stand_in = {name: z[n:] for name, z in cache.items()}
+    else:  # one [pos head d_head] mean, broadcast over the batch
+        stand_in = {name: z.mean(0, keepdim=True) for name, z in cache.items()}
     out = []
     for heads in kept:
         def ablate(z: Tensor, hook: Any, heads: set[tuple[int, int]] = heads) -> Tensor:
             layer = hook.layer()
-            corrupted = cache[hook.name][n:]
             drop = [h for h in range(z.shape[2]) if (layer, h) not in heads]
-            z[:, :, drop] = corrupted[:, :, drop]
+            z[:, :, drop] = stand_in[hook.name][:, :, drop]
             return z
 
         with model.hooks(fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), ablate)]):
@@ -83,15 +97,19 @@ def kept_faithfulness(
 def find_circuit(
     model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
     head_effects: Tensor, paths: PathPatchResult | None, target: float = TARGET, edge_threshold: float = 0.05,
+    ablation: str = "resample",
 ) -> Circuit:
     """The smallest prefix of heads, by |exact effect| (`head_effects` [layer head]), whose
-    faithfulness reaches `target`; and the path effects among them."""
+    faithfulness under `ablation` reaches `target`; the same heads' faithfulness under the other
+    ablation when that is mean (a cross-check); and the path effects among them."""
     n_layers, n_heads = head_effects.shape
     order = sorted(((layer, head) for layer in range(n_layers) for head in range(n_heads)),
                    key=lambda lh: -abs(head_effects[lh].item()))
     prefixes = [set(order[:k]) for k in range(len(order) + 1)]
-    curve = kept_faithfulness(model, clean_tokens, corrupted_tokens, metric, prefixes)
+    curve = kept_faithfulness(model, clean_tokens, corrupted_tokens, metric, prefixes, ablation)
     size = next((k for k, value in enumerate(curve) if value >= target), len(order))
+    mean = curve[size] if ablation == "mean" else \
+        kept_faithfulness(model, clean_tokens, corrupted_tokens, metric, [prefixes[size]], "mean")[0]
     nodes = [head_name(*lh) for lh in order[:size]]
     edges = []
     if paths is not None:
@@ -99,7 +117,7 @@ def find_circuit(
         edges = [(s, r, round(v, 4)) for s, r, v in paths.strongest(k=10_000)
                  if s in kept and (r == "logits" or r.split(".")[0] in kept) and abs(v) >= edge_threshold]
     return Circuit(nodes, edges, round(curve[size], 4), target, [round(c, 4) for c in curve],
-                   [head_name(*lh) for lh in order])
+                   [head_name(*lh) for lh in order], ablation, round(mean, 4))
 
 
 def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: list[list[str]] | None = None) -> str:

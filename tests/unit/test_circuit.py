@@ -2,6 +2,9 @@
 
 import xml.etree.ElementTree as ET
 
+import pytest
+import torch
+
 from interp.circuit import circuit_svg, find_circuit, kept_faithfulness
 from interp.patching import logit_diff_metric, patch_head_out
 from interp.paths import path_patch
@@ -68,3 +71,36 @@ def test_chains_to_logits_follow_edges_back_from_the_logits_longest_first():
     kinds = {"L1H0": "association", "L2H1": "manipulation", "L3H0": "association", "L0H1": "manipulation"}
     assert loop_steps(chains[0], kinds) == [("L1H0", "L2H1"), ("L2H1", "L3H0")]
     assert loop_steps(["L0H1", "L2H1", "logits"], kinds) == []  # layers 0 -> 2 are not consecutive
+
+
+def test_mean_ablation_replaces_dropped_heads_by_their_mean_output_per_position():
+    model, clean, corrupted, metric = setup(seed=1)
+    one = {(1, 0), (2, 1)}
+    [partial] = kept_faithfulness(model, clean, corrupted, metric, [one], ablation="mean")
+    _, cache = model.run_with_cache(torch.cat([clean, corrupted]))
+
+    def ablate(z, hook):  # by hand: a loop over heads, the mean over all 2n inputs at each position
+        for head in range(2):
+            if (hook.layer(), head) not in one:
+                z[:, :, head] = cache[hook.name][:, :, head].mean(0)
+        return z
+
+    with model.hooks(fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), ablate)]):
+        kept = metric(model(clean)).mean().item()
+    clean_m, corrupted_m = metric(model(clean)).mean().item(), metric(model(corrupted)).mean().item()
+    assert abs(partial - (kept - corrupted_m) / (clean_m - corrupted_m)) <= 1e-5
+    [resampled] = kept_faithfulness(model, clean, corrupted, metric, [one])
+    assert abs(partial - resampled) > 1e-3  # a different ablation, a different number
+
+
+def test_the_circuit_reports_its_heads_under_mean_ablation_and_refuses_unknown_ablations():
+    model, clean, corrupted, metric = setup(seed=1)
+    effects = patch_head_out(model, clean, corrupted, metric).values
+    circuit = find_circuit(model, clean, corrupted, metric, effects, None, target=0.6)
+    kept = {(int(n[1]), int(n[3])) for n in circuit.nodes}
+    [mean] = kept_faithfulness(model, clean, corrupted, metric, [kept], ablation="mean")
+    assert circuit.ablation == "resample" and circuit.faithfulness_mean == round(mean, 4)
+    by_mean = find_circuit(model, clean, corrupted, metric, effects, None, target=0.6, ablation="mean")
+    assert by_mean.faithfulness == by_mean.faithfulness_mean == by_mean.curve[len(by_mean.nodes)]
+    with pytest.raises(ValueError, match="ablation 'zero' is unknown"):
+        kept_faithfulness(model, clean, corrupted, metric, [kept], ablation="zero")
