@@ -2,14 +2,18 @@
 
 A study module in `analyses/studies/` exposes `STUDIES`, a list of `Study`. Running one trains
 its cells (through `analyses.sweep.run_cells`, so it resumes), analyses them, and writes into
-its folder a summary `report.html` and `results.json` with every number the report shows."""
+its folder a summary `report.html` and `results.json` with every number the report shows, both
+through `StudyContext.finish`. A model a study trains is a `Cell`: what tells it apart from the
+others (kind, tags, seed), with its folder name derived in one place."""
 
 from __future__ import annotations
 
+import html
 import importlib
 import json
 import pkgutil
-from collections.abc import Callable, Sequence
+import shlex
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +23,41 @@ from tasks import ConfigError
 SCALES = ("tiny", "cpu", "paper")  # tiny: seconds, for smoke tests; cpu: < 30 min on 2 cores; paper: GPU
 
 
+@dataclass(frozen=True)
+class Cell:
+    """One model of a study, named by what tells it apart from the others.
+
+    `Cell("albert", 0, ("L6",)).name == "albert-L6-s0"`: the folder it trains in and its key in
+    results.json. `group` is the name without the seed (the cells a table averages over seeds);
+    `seed=None` leaves the seed out of the name, for cells that are one seed by design."""
+
+    kind: str
+    seed: int | None = 0
+    tags: tuple[str, ...] = ()
+
+    @property
+    def group(self) -> str:
+        return "-".join((self.kind, *self.tags))
+
+    @property
+    def name(self) -> str:
+        return self.group if self.seed is None else f"{self.group}-s{self.seed}"
+
+
+def cell_names(cells: Mapping[Cell | str, Any]) -> dict[str, Any]:
+    """The same mapping keyed by folder name (what run_cells and results.json use)."""
+    named = {cell.name if isinstance(cell, Cell) else cell: value for cell, value in cells.items()}
+    if len(named) != len(cells):
+        raise ValueError(f"two cells share a name: {sorted(map(str, cells))}")
+    return named
+
+
 @dataclass
 class StudyContext:
     """Where and how a study runs."""
 
     out: Path
+    study: str = ""  # its name, for the report's "regenerate" line
     scale: str = "cpu"
     workers: int = 1
     backend: str = "local"
@@ -36,16 +70,43 @@ class StudyContext:
         """The seeds to train: the caller's when given, else the study's default for its scale."""
         return list(self.seeds) if self.seeds else list(default)
 
-    def run_cells(self, cells: dict, subdir: str = "runs") -> dict:
+    def run_cells(self, cells: Mapping[Cell | str, Any], where: Path | str = "runs") -> dict:
+        """Train (or find finished) every cell in `where` (a folder under the study's, or a path)."""
         from analyses.sweep import run_cells
 
-        return run_cells(cells, self.out / subdir, workers=self.workers, backend=self.backend,
+        folder = where if isinstance(where, Path) else self.out / where
+        return run_cells(cell_names(cells), folder, workers=self.workers, backend=self.backend,
                          address=self.address, progress=self.progress)
 
-    def write_results(self, results: dict[str, Any]) -> Path:
-        path = self.out / "results.json"
-        path.write_text(json.dumps(results, indent=1, default=float))
-        return path
+    def command(self) -> str:
+        """The `workbench study` command line that (re)makes this study."""
+        parts = [f"workbench study {self.study} --scale {self.scale}"]
+        if self.out != default_out(self.study, self.scale):
+            parts.append(f"--out {self.out}")
+        if self.seeds:
+            parts.append(f"--seeds {','.join(map(str, self.seeds))}")
+        parts += [f"--set {shlex.quote(o)}" for o in self.overrides]
+        return " ".join(parts)
+
+    def finish(self, title: str, sections: Sequence[tuple[str, str]], results: dict[str, Any],
+               models: Path | None = None) -> dict[str, Any]:
+        """Write the study's report.html (a "How this was made" section, then `sections` as
+        (heading, html) pairs) and results.json (`results`, plus the study, its scale and the
+        report's path); return the results."""
+        from interp.report import Report
+
+        where = models if models is not None else self.out / "runs"
+        regenerate = self.command()
+        report = Report(title)
+        report.add("How this was made", f"<p>Scale <code>{self.scale}</code>; models in <code>"
+                   f"{html.escape(str(where))}</code>; numbers in <code>results.json</code>. Regenerate: <code>"
+                   f"{html.escape(regenerate)}</code>.</p>")
+        for heading, body in sections:
+            report.add(heading, body)
+        results = {"study": self.study, "scale": self.scale, **results,
+                   "report": str(report.write(self.out / "report.html"))}
+        (self.out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+        return results
 
 
 @dataclass(frozen=True)
@@ -69,6 +130,10 @@ def all_studies() -> dict[str, Study]:
                 raise RuntimeError(f"two studies are named {study.name!r}")
             found[study.name] = study
     return found
+
+
+def default_out(name: str, scale: str) -> Path:
+    return Path("runs/studies") / f"{name}-{scale}"
 
 
 def get_study(name: str) -> Study:
@@ -96,6 +161,6 @@ def run_study(name: str, out: str | Path | None = None, scale: str = "cpu", **op
         if out is None:
             raise ConfigError("--set changes every cell, so name a study folder of its own with --out")
         study.base_config(scale, options["overrides"])  # a bad value is refused before anything is written
-    path = Path(out) if out is not None else Path("runs/studies") / f"{name}-{scale}"
+    path = Path(out) if out is not None else default_out(name, scale)
     path.mkdir(parents=True, exist_ok=True)
-    return study.run(StudyContext(out=path, scale=scale, **options))
+    return study.run(StudyContext(out=path, study=name, scale=scale, **options))

@@ -25,7 +25,7 @@ from analyses.sweep import CellResult, grid_cells, grid_points
 from interp.complexity import embedding_spectrum, leading_share, query_condensation
 from interp.patching import logit_diff_metric, patch_residual
 from interp.probes import composite_probe_map
-from interp.report import Report, figure_html, table_html
+from interp.report import figure_html, table_html
 from interp.solutions import classify_composite, composite_verdict
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
@@ -215,27 +215,23 @@ def run_phase(ctx: StudyContext) -> dict[str, Any]:
         "unlearned_cells": sum(v == "unlearned" for v in verdicts.values()),
         "failed_runs": sum(r.status == "failed" for r in trained.values()),
     }
-    report = Report(f"composite-phase ({ctx.scale}): initialisation rate x depth")
-    report.add("Phase diagram", figure_html(phase_figure(table), "I inferential, S symmetric, M mixed, U unlearned "
+    sections = [("Phase diagram", figure_html(phase_figure(table), "I inferential, S symmetric, M mixed, U unlearned "
                                                                   "(seen accuracy < 0.9); values are means over seeds")
                + table_html([[c["gamma"], c["init_std"], c["depth"], c["verdict"], " ".join(c["seed_verdicts"]),
                               c["seen_accuracy"], c["held_out_inferential"], c["held_out_symmetric"], c["best_inferential"],
                               c["best_symmetric"]] for c in table.values()],
                             ["gamma", "init std", "depth", "verdict", "per seed", "seen acc", "(4,3) x-10", "(4,3) x-6",
-                             "best x-10 over lr", "best x-6 over lr"]))
-    report.add("Every run: vectors and complexity", table_html(
+                             "best x-10 over lr", "best x-6 over lr"])),
+                ("Every run: vectors and complexity", table_html(
         [[name, m.get("verdict"), m.get("seen_accuracy"), m.get("held_out_inferential"), m.get("held_out_symmetric"),
           m.get("cosine_same_target"), m.get("cosine_different_target"),
           (m.get("query_condensation") or {}).get("share_aligned"), m.get("embedding_top1"), m.get("embedding_top3"),
           m.get("train_seconds")] for name, m in measured.items()],
         ["cell", "verdict", "seen", "x-10", "x-6", "cos same target", "cos other target", "W_Q aligned share",
-         "emb top-1", "emb top-3", "train s"]))
-    report.write(ctx.out / "report.html")
-    results = {"headline": headline, "table": table, "cells": measured, "grid": grid,
-               "base": base_config(ctx.scale, ctx.overrides).to_dict(), "seconds": round(time.perf_counter() - started, 1),
-               "report": str(ctx.out / "report.html")}
-    ctx.write_results(results)
-    return results
+         "emb top-1", "emb top-3", "train s"]))]
+    return ctx.finish(f"composite-phase ({ctx.scale}): initialisation rate x depth", sections, {
+        "headline": headline, "table": table, "cells": measured, "grid": grid,
+        "base": base_config(ctx.scale, ctx.overrides).to_dict(), "seconds": round(time.perf_counter() - started, 1)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,26 +312,23 @@ def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
     n_layers = 2
     summary_keys = ["verdict", "seen_accuracy", "held_out_inferential", "held_out_symmetric", "cosine_same_target",
                     "cosine_different_target", "embedding_top1", "embedding_top3"]
-    report = Report(f"composite-mechanism ({ctx.scale}): small vs large initialisation rate, 2 layers")
-    report.add("Models", table_html([[name, cells[name].model.init_gamma, *(m.get(k) for k in summary_keys),
+    sections = [("Models", table_html([[name, cells[name].model.init_gamma, *(m.get(k) for k in summary_keys),
                                       (m.get("query_condensation") or {}).get("share_aligned")]
                                      for name, m in measures.items()],
-                                    ["model", "gamma", *summary_keys, "W_Q aligned share"]))
-    report.add("Information flow per layer (attention, head-averaged; patching: 0 corrupted .. 1 clean)",
+                                    ["model", "gamma", *summary_keys, "W_Q aligned share"])),
+                ("Information flow per layer (attention, head-averaged; patching: 0 corrupted .. 1 clean)",
                figure_html(flow_figure(measures), "Attention from the last token to key and anchors and from the "
                            "anchors to the key, and residual patching at each site, per layer (Figure 3).")
-               + table_html(_flow_rows(measures), ["model", "measure", *[f"layer {i}" for i in range(n_layers)]]))
+               + table_html(_flow_rows(measures), ["model", "measure", *[f"layer {i}" for i in range(n_layers)]]))]
     probe_rows = [[name, key, *values] for name, m in measures.items() for key, values in m.get("probes", {}).items()]
-    report.add("Probes (LDA, accuracy per residual stream; site:quantity)",
-               table_html(probe_rows, ["model", "site:quantity", *next(
-                   (m["probe_layers"] for m in measures.values() if "probe_layers" in m), [])]))
-    report.write(ctx.out / "report.html")
+    sections.append(("Probes (LDA, accuracy per residual stream; site:quantity)",
+                     table_html(probe_rows, ["model", "site:quantity", *next(
+                         (m["probe_layers"] for m in measures.values() if "probe_layers" in m), [])])))
     headline = {name: {k: m.get(k) for k in ("verdict", "held_out_inferential", "held_out_symmetric",
                                              "cosine_same_target")} for name, m in measures.items()}
-    results = {"headline": headline, "models": measures, "gammas": contrast_gammas(ctx.scale),
-               "seconds": round(time.perf_counter() - started, 1), "report": str(ctx.out / "report.html")}
-    ctx.write_results(results)
-    return results
+    return ctx.finish(f"composite-mechanism ({ctx.scale}): small vs large initialisation rate, 2 layers", sections, {
+        "headline": headline, "models": measures, "gammas": contrast_gammas(ctx.scale),
+        "seconds": round(time.perf_counter() - started, 1)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,16 +352,13 @@ def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
              m.get("verdict"), m.get("seen_accuracy"), m.get("held_out_inferential"), m.get("held_out_symmetric"),
              m.get("cosine_same_target"), (m.get("query_condensation") or {}).get("share_aligned"),
              m.get("embedding_top1")] for n, m in measured.items()]
-    report = Report(f"composite-lr-wd ({ctx.scale}): learning rate x weight decay, depth 2, gamma 0.5")
-    report.add("Cells", table_html(rows, ["lr", "weight decay", "seed", "verdict", "seen", "(4,3) x-10", "(4,3) x-6",
-                                          "cos same target", "W_Q aligned share", "emb top-1"]))
-    report.write(ctx.out / "report.html")
+    sections = [("Cells", table_html(rows, ["lr", "weight decay", "seed", "verdict", "seen", "(4,3) x-10", "(4,3) x-6",
+                                            "cos same target", "W_Q aligned share", "emb top-1"]))]
     headline = {n: {"verdict": m.get("verdict"), "x-10": m.get("held_out_inferential"), "x-6": m.get("held_out_symmetric")}
                 for n, m in measured.items()}
-    results = {"headline": headline, "cells": measured, "grid": grid, "base": lr_wd_base(ctx.scale, ctx.overrides).to_dict(),
-               "seconds": round(time.perf_counter() - started, 1), "report": str(ctx.out / "report.html")}
-    ctx.write_results(results)
-    return results
+    return ctx.finish(f"composite-lr-wd ({ctx.scale}): learning rate x weight decay, depth 2, gamma 0.5", sections, {
+        "headline": headline, "cells": measured, "grid": grid, "base": lr_wd_base(ctx.scale, ctx.overrides).to_dict(),
+        "seconds": round(time.perf_counter() - started, 1)})
 
 
 STUDIES = [

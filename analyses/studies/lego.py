@@ -18,20 +18,21 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from analyses.study import Study, StudyContext
-from analyses.sweep import CellResult, run_cells
+from analyses.study import Cell, Study, StudyContext
+from analyses.sweep import CellResult
 from interp import plots
 from interp.analysis import counterfactual_pairs
 from interp.attention import attention_patterns, classify_heads, mass_on_keys
 from interp.patching import logit_diff_metric, patch_head_out
 from interp.probes import lego_probe_map
-from interp.report import Report, figure_html, table_html
+from interp.report import figure_html, table_html
 from interp.solutions import last_learned_before_middle, learned_steps, lego_parity_rules
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
@@ -102,10 +103,11 @@ def depths(scale: str) -> list[int]:
     return {"tiny": [2, 3], "cpu": [4, 6], "paper": [12]}[scale]
 
 
-def cell_name(scale: str, kind: str, seed: int, layers: int | None = None, suffix: str = "") -> str:
-    """`albert-s0` at the base depth, `albert-L6-s0` at another."""
+def pool_cell(scale: str, kind: str, seed: int, layers: int | None = None, *tags: str) -> Cell:
+    """`albert-s0` at the base depth, `albert-L6-s0` at another; `tags` name other changes
+    (`bert-s3-s0`: the S3 group)."""
     deeper = layers is not None and layers != base_config(scale).model.n_layers
-    return f"{kind}{suffix}{f'-L{layers}' if deeper else ''}-s{seed}"
+    return Cell(kind, seed, (*tags, *((f"L{layers}",) if deeper else ())))
 
 
 # ---------------------------------------------------------------- running and reading models
@@ -115,9 +117,8 @@ def pool_dir(ctx: StudyContext) -> Path:
     return ctx.out.parent / f"lego-runs-{ctx.scale}"
 
 
-def train_pool(ctx: StudyContext, cells: dict[str, RunConfig]) -> dict[str, CellResult]:
-    results = run_cells(cells, pool_dir(ctx), workers=ctx.workers, backend=ctx.backend, address=ctx.address,
-                        progress=ctx.progress)
+def train_pool(ctx: StudyContext, cells: dict[Cell, RunConfig]) -> dict[str, CellResult]:
+    results = ctx.run_cells(cells, pool_dir(ctx))
     failed = {name: r.error for name, r in results.items() if r.status == "failed"}
     if failed:
         print(f"warning: cells failed and are left out: {failed}")
@@ -152,9 +153,10 @@ def curves_html(ctx: StudyContext, name: str, cfg: RunConfig, caption: str) -> s
     return figure_html(plots.lego_curves(metrics, supervised_mask(cfg)), caption)
 
 
-def accuracy_rows(ctx: StudyContext, names: dict[str, RunConfig]) -> tuple[list[list[Any]], dict[str, list[float]]]:
+def accuracy_rows(ctx: StudyContext, cells: dict[Cell, RunConfig]) -> tuple[list[list[Any]], dict[str, list[float]]]:
     rows, table = [], {}
-    for name, cfg in names.items():
+    for cell, cfg in cells.items():
+        name = cell.name
         acc = final_accuracy(ctx, name)
         if acc is None:
             rows.append([name, "failed"])
@@ -182,45 +184,41 @@ def accuracy_figure(table: dict[str, list[float]], supervised: list[bool], title
     return fig
 
 
-def mean_over_seeds(table: dict[str, list[float]], prefix: str) -> list[float] | None:
-    rows = [acc for name, acc in table.items() if name.rsplit("-s", 1)[0] == prefix]
+def mean_over_seeds(table: dict[str, list[float]], cells: Iterable[Cell], group: str) -> list[float] | None:
+    """Mean final accuracy per variable over the cells of `group` that trained."""
+    rows = [table[cell.name] for cell in cells if cell.group == group and cell.name in table]
     return np.mean(rows, axis=0).round(4).tolist() if rows else None
 
 
+def groups(cells: Iterable[Cell]) -> tuple[str, ...]:
+    """The cells' groups (names without the seed), in order of first appearance."""
+    return tuple(dict.fromkeys(cell.group for cell in cells))
+
+
 def finish(ctx: StudyContext, title: str, sections: list[tuple[str, str]], results: dict[str, Any]) -> dict[str, Any]:
-    report = Report(title)
-    report.add("How this was made", f"<p>Scale <code>{ctx.scale}</code>; models in <code>{html.escape(str(pool_dir(ctx)))}"
-               f"</code>; numbers in <code>results.json</code>. Regenerate: <code>workbench study "
-               f"{html.escape(results['study'])} --scale {ctx.scale}</code>.</p>")
-    for heading, body in sections:
-        report.add(heading, body)
-    results["report"] = str(report.write(ctx.out / "report.html"))
-    ctx.write_results(results)
-    return results
+    return ctx.finish(title, sections, results, models=pool_dir(ctx))
 
 
 # ---------------------------------------------------------------- the experiments
 
 
-def extrapolation_study(ctx: StudyContext, group: str = "z2", study: str = "lego-extrapolation") -> dict[str, Any]:
+def extrapolation_study(ctx: StudyContext, group: str = "z2") -> dict[str, Any]:
     """Finding 2: train on the first k of n variables; does ALBERT extrapolate beyond k better than BERT?"""
-    suffix = "" if group == "z2" else f"-{group}"
+    tags = () if group == "z2" else (group,)
     layer_options = depths(ctx.scale) if group == "z2" else depths(ctx.scale)[:1]
-    cells = {cell_name(ctx.scale, kind, seed, layers, suffix): variant(ctx.scale, kind, seed, layers, group=group)
+    cells = {pool_cell(ctx.scale, kind, seed, layers, *tags): variant(ctx.scale, kind, seed, layers, group=group)
              for layers in layer_options for kind in ("bert", "albert") for seed in seeds(ctx)}
     train_pool(ctx, cells)
     rows, table = accuracy_rows(ctx, cells)
     supervised = supervised_mask(next(iter(cells.values())))
     first = supervised.index(False) if False in supervised else None
     headline = {}
-    for layers in layer_options:
-        for kind in ("bert", "albert"):
-            prefix = cell_name(ctx.scale, kind, 0, layers, suffix).rsplit("-s", 1)[0]
-            mean = mean_over_seeds(table, prefix)
-            headline[f"{prefix}_mean_acc_per_var"] = mean
-            if mean is not None and first is not None:
-                headline[f"{prefix}_first_unsupervised"] = mean[first]
-                headline[f"{prefix}_unsupervised_mean"] = round(float(np.mean(mean[first:])), 4)
+    for group_name in groups(cells):
+        mean = mean_over_seeds(table, cells, group_name)
+        headline[f"{group_name}_mean_acc_per_var"] = mean
+        if mean is not None and first is not None:
+            headline[f"{group_name}_first_unsupervised"] = mean[first]
+            headline[f"{group_name}_unsupervised_mean"] = round(float(np.mean(mean[first:])), 4)
     learned = {name: learned_steps(read_metrics(pool_dir(ctx) / name), len(supervised)) for name in table}
     rules = _rules_of(ctx, table)
     sections = [
@@ -229,7 +227,7 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2", study: str = "lego
                                                     "Final test accuracy per variable; shaded: never supervised.")
          + table_html(rows, ["model", *[f"#{i}" for i in range(len(supervised))]])
          + "<p>* = not supervised (extrapolation).</p>"),
-        ("Accuracy over training (Figure 3)", "".join(curves_html(ctx, n, c, n) for n, c in cells.items())),
+        ("Accuracy over training (Figure 3)", "".join(curves_html(ctx, cell.name, c, cell.name) for cell, c in cells.items())),
         ("Step at which each variable reached 95%", table_html([[n, *s] for n, s in learned.items()],
                                                                ["model", *[f"#{i}" for i in range(len(supervised))]])),
     ]
@@ -237,7 +235,7 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2", study: str = "lego
         sections.append(_rules_section(rules))
         headline["unsupervised_rules"] = {n: [r["rule"] for r in model_rules[first:]] for n, model_rules in rules.items()}
     return finish(ctx, f"LEGO ({group}): BERT vs ALBERT, length extrapolation", sections,
-                  {"study": study, "scale": ctx.scale, "final_acc": table, "learned_step": learned,
+                  {"final_acc": table, "learned_step": learned,
                    "parity_rules": rules, "headline": headline})
 
 
@@ -265,12 +263,12 @@ def _rules_section(rules: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
 def percolation_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 3: the (layer x depth) probe map of BERT and ALBERT; is ALBERT's closer to one layer per step?"""
     layers = depths(ctx.scale)[-1]
-    cells = {cell_name(ctx.scale, kind, seed, layers): variant(ctx.scale, kind, seed, layers)
+    cells = {pool_cell(ctx.scale, kind, seed, layers): variant(ctx.scale, kind, seed, layers)
              for seed in seeds(ctx) for kind in ("bert", "albert")}
     train_pool(ctx, cells)
     maps, sections, headline = {}, [], {}
     n = {"tiny": (200, 200), "cpu": (3000, 2000), "paper": (3000, 2000)}[ctx.scale]
-    for name in cells:
+    for name in (cell.name for cell in cells):
         run = load_run(pool_dir(ctx) / name)
         probe = lego_probe_map(run.model, run.task, n_train=n[0], n_test=n[1])
         maps[name] = probe.to_dict()
@@ -281,57 +279,54 @@ def percolation_study(ctx: StudyContext) -> dict[str, Any]:
             f"Linear-probe test accuracy at each variable's token; slope {probe.slope}, R^2 {probe.linearity}, "
             f"first layer reaching {probe.threshold:.0%} per depth {probe.first_layer}.")))
     return finish(ctx, "LEGO: information percolation (Figure 4)", sections,
-                  {"study": "lego-percolation", "scale": ctx.scale, "probes": maps, "headline": headline})
+                  {"probes": maps, "headline": headline})
 
 
 def stochastic_depth_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 4: ALBERT with a depth drawn per batch (full depth at test) vs fixed depth."""
     layers = depths(ctx.scale)[-1]
-    cells = {cell_name(ctx.scale, kind, seed, layers): variant(ctx.scale, kind, seed, layers)
+    cells = {pool_cell(ctx.scale, kind, seed, layers): variant(ctx.scale, kind, seed, layers)
              for kind in ("albert", "albert-sd") for seed in seeds(ctx)}
     train_pool(ctx, cells)
-    return _comparison(ctx, cells, "lego-stochastic-depth", "LEGO: stochastic depth for ALBERT (Figure 5)",
-                       tuple(dict.fromkeys(name.rsplit("-s", 1)[0] for name in cells)))
+    return _comparison(ctx, cells, "LEGO: stochastic depth for ALBERT (Figure 5)")
 
 
 def mimic_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 6: mimicking initialisation (association / conv heads learned on random tokens) vs random init."""
-    cells = {f"{kind}-s{seed}": variant(ctx.scale, kind, seed) for kind in ("standard", "mimic") for seed in seeds(ctx)}
+    cells = {Cell(kind, seed): variant(ctx.scale, kind, seed) for kind in ("standard", "mimic") for seed in seeds(ctx)}
     train_pool(ctx, cells)
-    mimic_files = {name: pool_dir(ctx) / name / MIMIC for name in cells if name.startswith("mimic-")}
+    mimic_files = {cell.name: pool_dir(ctx) / cell.name / MIMIC for cell in cells if cell.kind == "mimic"}
     extra = {"mimic_pretraining": {name: json.loads(f.read_text()) for name, f in mimic_files.items() if f.exists()}}
-    return _comparison(ctx, cells, "lego-mimic", "LEGO: mimicking initialisation (Figure 6)", ("standard", "mimic"), extra)
+    return _comparison(ctx, cells, "LEGO: mimicking initialisation (Figure 6)", extra)
 
 
 def hardcoded_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 8: association/manipulation/broadcast heads hardcoded in every layer, alone and with learned heads."""
-    cells = {f"{kind}-s{seed}": variant(ctx.scale, kind, seed) for kind in ("standard", "hardcoded", "hybrid3")
+    cells = {Cell(kind, seed): variant(ctx.scale, kind, seed) for kind in ("standard", "hardcoded", "hybrid3")
              for seed in seeds(ctx)}
     train_pool(ctx, cells)
-    return _comparison(ctx, cells, "lego-hardcoded", "LEGO: hardcoded attention vs hybrid vs standard",
-                       ("standard", "hardcoded", "hybrid3"))
+    return _comparison(ctx, cells, "LEGO: hardcoded attention vs hybrid vs standard")
 
 
-def _comparison(ctx: StudyContext, cells: dict[str, RunConfig], study: str, title: str, kinds: tuple[str, ...],
+def _comparison(ctx: StudyContext, cells: dict[Cell, RunConfig], title: str,
                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Final accuracy, test loss and curves of trained models side by side; `kinds` are the
-    name prefixes averaged over seeds in the headline."""
+    """Final accuracy, test loss and curves of trained models side by side; the headline
+    averages each group of cells over seeds."""
     rows, table = accuracy_rows(ctx, cells)
     supervised = supervised_mask(next(iter(cells.values())))
     losses = {n: [r for r in read_metrics(pool_dir(ctx) / n) if "eval_loss" in r][-1]["eval_loss"] for n in table}
-    headline = {kind: mean_over_seeds(table, kind) for kind in kinds}
+    headline = {group: mean_over_seeds(table, cells, group) for group in groups(cells)}
     headline["final_eval_loss"] = {n: round(v, 4) for n, v in losses.items()}
     sections = [
         ("Final accuracy per variable", figure_html(accuracy_figure(table, supervised, title, chance(next(iter(cells.values())))), "")
          + table_html(rows, ["model", *[f"#{i}" for i in range(len(supervised))]])
          + table_html([[n, f"{v:.4f}"] for n, v in losses.items()], ["model", "final test loss (supervised)"])),
-        ("Accuracy over training", "".join(curves_html(ctx, n, c, n) for n, c in cells.items())),
+        ("Accuracy over training", "".join(curves_html(ctx, cell.name, c, cell.name) for cell, c in cells.items())),
     ]
     rules = _rules_of(ctx, table)
     if rules:
         sections.append(_rules_section(rules))
-    return finish(ctx, title, sections, {"study": study, "scale": ctx.scale, "final_acc": table, "headline": headline,
-                                         "parity_rules": rules, **(extra or {})})
+    return finish(ctx, title, sections, {"final_acc": table, "headline": headline, "parity_rules": rules, **(extra or {})})
 
 
 def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
@@ -339,22 +334,23 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
     computed? (b) supervising #0..#k-2 plus the last vs #0..#k-1: extrapolation to the middle."""
     n_sup = base_config(ctx.scale).task.n_supervised
     seed = seeds(ctx)[0]
+    every = Cell("standard", seed, ("all",))
     cells = {
-        f"standard-all-s{seed}": variant(ctx.scale, "standard", seed, supervision="all"),
-        f"bert-s{seed}": variant(ctx.scale, "bert", seed),
-        f"bert-lastsup-s{seed}": variant(ctx.scale, "bert", seed, supervision="first+last", n_supervised=n_sup - 1),
+        every: variant(ctx.scale, "standard", seed, supervision="all"),
+        Cell("bert", seed): variant(ctx.scale, "bert", seed),
+        Cell("bert", seed, ("lastsup",)): variant(ctx.scale, "bert", seed, supervision="first+last", n_supervised=n_sup - 1),
     }
     train_pool(ctx, cells)
-    all_name = f"standard-all-s{seed}"
+    all_name = every.name
     metrics = read_metrics(pool_dir(ctx) / all_name)
-    n_vars = cells[all_name].task.n_vars
+    n_vars = cells[every].task.n_vars
     steps = learned_steps(metrics, n_vars)
     shortcut = last_learned_before_middle(steps)
     # a partly learned shortcut stays below 95%; 75% is far above chance (50%) and shows the order too
     steps_75 = learned_steps(metrics, n_vars, threshold=0.75)
     shortcut_75 = last_learned_before_middle(steps_75)
     evidence = _last_variable_evidence(ctx, all_name) if metrics else {}
-    rows, table = accuracy_rows(ctx, {k: v for k, v in cells.items() if k != all_name})
+    rows, table = accuracy_rows(ctx, {k: v for k, v in cells.items() if k != every})
     middle = list(range(n_sup, n_vars - 1))  # unsupervised in both (b) models
     middle_acc = {n: round(float(np.mean([acc[i] for i in middle])), 4) for n, acc in table.items()} if middle else {}
     headline = {"learned_step_all_supervised": steps, "last_learned_before_middle": shortcut,
@@ -363,20 +359,20 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
                 "middle_acc": middle_acc, **{k: evidence[k] for k in ("probe_first_layer",) if k in evidence}}
     sections = [
         ("(a) Trained on every variable: learning order",
-         curves_html(ctx, all_name, cells[all_name], "all supervised") + table_html(
+         curves_html(ctx, all_name, cells[every], "all supervised") + table_html(
              [["step reaching 95%", *steps], ["step reaching 75%", *steps_75]], ["", *[f"#{i}" for i in range(n_vars)]])
          + f"<p class='verdict'>last variable learned (95%) before the middle ones: {shortcut}; "
            f"reached 75% before them: {shortcut_75}</p>"),
         ("(a) How the last variable is computed", _evidence_html(evidence)),
         ("(b) #0..#k-2 plus the last vs #0..#k-1", table_html(rows, ["model", *[f"#{i}" for i in range(n_vars)]])
          + f"<p>Mean accuracy on the middle variables {middle} (unsupervised in both): {middle_acc}.</p>"
-         + "".join(curves_html(ctx, n, cells[n], n) for n in table)),
+         + "".join(curves_html(ctx, cell.name, c, cell.name) for cell, c in cells.items() if cell.name in table)),
     ]
-    rules = _rules_of(ctx, [name for name in cells if finished(pool_dir(ctx) / name)])
+    rules = _rules_of(ctx, [cell.name for cell in cells if finished(pool_dir(ctx) / cell.name)])
     if rules:
         sections.append(_rules_section(rules))
     return finish(ctx, "LEGO: the shortcut", sections,
-                  {"study": "lego-shortcut", "scale": ctx.scale, "final_acc": table, "evidence": evidence,
+                  {"final_acc": table, "evidence": evidence,
                    "parity_rules": rules, "headline": headline})
 
 
@@ -430,7 +426,7 @@ def _evidence_html(evidence: dict[str, Any]) -> str:
 
 def heads_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 5: head labels of every trained model in the pool, and the heads the answer depends on."""
-    cells = {f"{kind}-s{seed}": variant(ctx.scale, kind, seed) for kind in ("bert", "albert") for seed in seeds(ctx)}
+    cells = {Cell(kind, seed): variant(ctx.scale, kind, seed) for kind in ("bert", "albert") for seed in seeds(ctx)}
     train_pool(ctx, cells)
     names = sorted(p.name for p in pool_dir(ctx).iterdir() if finished(p))  # not one still training
     rows, per_model, counts = [], {}, {"association": 0, "manipulation": 0}
@@ -465,7 +461,7 @@ def heads_study(ctx: StudyContext) -> dict[str, Any]:
         sections.append((f"Head scores: {name}", figure_html(
             plots.head_score_heatmaps(data["scores"], [["" for _ in row] for row in data["scores"]["association"]]), name)))
     return finish(ctx, "LEGO: attention heads", sections,
-                  {"study": "lego-heads", "scale": ctx.scale, "models": per_model,
+                  {"models": per_model,
                    "headline": {"learned_labels_in_extrapolating_models": counts,
                                 "extrapolating": [n for n, d in per_model.items() if d["extrapolates"]]}})
 
@@ -485,7 +481,7 @@ def _extrapolates(run) -> bool:
 
 def s3_study(ctx: StudyContext) -> dict[str, Any]:
     """Task 2 (the non-abelian S3): the BERT vs ALBERT comparison repeated."""
-    return extrapolation_study(ctx, group="s3", study="lego-s3")
+    return extrapolation_study(ctx, group="s3")
 
 
 STUDIES = [

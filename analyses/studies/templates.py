@@ -24,10 +24,10 @@ from typing import Any
 import matplotlib.pyplot as plt
 import torch
 
-from analyses.study import Study, StudyContext
+from analyses.study import Cell, Study, StudyContext
 from interp.attention import classify_heads
 from interp.patching import activation_patch, logit_diff_metric, patch_head_out
-from interp.report import Report, figure_html, table_html
+from interp.report import figure_html, table_html
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.runs import load_run
 from tasks import TemplatesConfig, logits_at_labels, seeded_generator
@@ -85,11 +85,14 @@ def run_efficiency(ctx: StudyContext) -> dict[str, Any]:
     s, started = SCALES[ctx.scale], time.perf_counter()
     s = {**s, "seeds": ctx.seeds_or(s["seeds"])}
     template = "same_different"
-    cells = {f"{v}-n{n}-s{seed}": cell_config(ctx.scale, template, n, aug, seed)
+    cells = {Cell(v, seed, (f"n{n}",)): cell_config(ctx.scale, template, n, aug, seed)
              for seed in s["seeds"] for v, aug in VARIANTS.items() for n in s["ns"]}
     results = ctx.run_cells(cells)
-    curves = {v: {n: {k: _mean_std([float(_final(results, f"{v}-n{n}-s{seed}").get(k, math.nan))
-                                    for seed in s["seeds"] if _final(results, f"{v}-n{n}-s{seed}")])
+
+    def final(v: str, n: int, seed: int) -> dict[str, Any]:
+        return _final(results, Cell(v, seed, (f"n{n}",)).name)
+
+    curves = {v: {n: {k: _mean_std([float(final(v, n, seed).get(k, math.nan)) for seed in s["seeds"] if final(v, n, seed)])
                       for k in ("eval_loss", "error")}
                   for n in s["ns"]} for v in VARIANTS}
     factors = data_factors({v: {n: c[n]["eval_loss"][0] for n in c} for v, c in curves.items()})
@@ -98,16 +101,15 @@ def run_efficiency(ctx: StudyContext) -> dict[str, Any]:
                 "augmented_loss_at_max_n": curves["augmented"][s["ns"][-1]]["eval_loss"][0]}
     out = {"headline": headline, "curves": _jsonable(curves), "factors": factors, "seeds": s["seeds"],
            "cells": {k: r.to_dict() for k, r in results.items()}, "seconds": round(time.perf_counter() - started, 1)}
-    report = Report(f"templates-efficiency ({ctx.scale})")
-    report.add("Test loss on unseen symbols vs training alphabet size",
-               figure_html(_curve_figure(curves, s["ns"]), "mean +- std over seeds; test symbols never seen in training")
-               + table_html(_curve_rows(curves, s["ns"]), ["n", "variant", "test loss", "test error"]))
-    report.add("Training symbols needed for a given test loss",
-               table_html([[f"{f['loss']:.4f}", f["n_plain"], f["n_augmented"], f["factor"]] for f in factors],
-                          ["test loss <=", "n plain", "n augmented", "factor plain / augmented"]))
-    out["report"] = str(report.write(ctx.out / "report.html"))
-    ctx.write_results(out)
-    return out
+    sections = [
+        ("Test loss on unseen symbols vs training alphabet size",
+         figure_html(_curve_figure(curves, s["ns"]), "mean +- std over seeds; test symbols never seen in training")
+         + table_html(_curve_rows(curves, s["ns"]), ["n", "variant", "test loss", "test error"])),
+        ("Training symbols needed for a given test loss",
+         table_html([[f"{f['loss']:.4f}", f["n_plain"], f["n_augmented"], f["factor"]] for f in factors],
+                    ["test loss <=", "n plain", "n augmented", "factor plain / augmented"])),
+    ]
+    return ctx.finish(f"templates-efficiency ({ctx.scale})", sections, out)
 
 
 def data_factors(losses: dict[str, dict[int, float]]) -> list[dict[str, Any]]:
@@ -153,10 +155,11 @@ def _jsonable(curves: dict) -> dict:
 
 def run_copy_width(ctx: StudyContext) -> dict[str, Any]:
     s, started = SCALES[ctx.scale], time.perf_counter()
-    cells = {f"{v}-d{d}-n{n}": cell_config(ctx.scale, "copy", n, aug, 0, d_model=d, n_vars=1)
+    cells = {Cell(v, None, (f"d{d}", f"n{n}")): cell_config(ctx.scale, "copy", n, aug, 0, d_model=d, n_vars=1)
              for v, aug in VARIANTS.items() for d in s["widths"] for n in s["width_ns"]}
     results = ctx.run_cells(cells)
-    errors = {v: {d: {n: float(_final(results, f"{v}-d{d}-n{n}").get("error", math.nan)) for n in s["width_ns"]}
+    errors = {v: {d: {n: float(_final(results, Cell(v, None, (f"d{d}", f"n{n}")).name).get("error", math.nan))
+                      for n in s["width_ns"]}
                   for d in s["widths"]} for v in VARIANTS}
     needed = {v: {d: min((n for n in s["width_ns"] if errors[v][d][n] < ERROR_TARGET), default=None) for d in s["widths"]}
               for v in VARIANTS}
@@ -164,15 +167,14 @@ def run_copy_width(ctx: StudyContext) -> dict[str, Any]:
                         "error_target": ERROR_TARGET},
            "errors": {v: {str(d): {str(n): e for n, e in row.items()} for d, row in t.items()} for v, t in errors.items()},
            "cells": {k: r.to_dict() for k, r in results.items()}, "seconds": round(time.perf_counter() - started, 1)}
-    report = Report(f"templates-copy-width ({ctx.scale})")
-    report.add(f"Training symbols needed for test error < {ERROR_TARGET} (copy, unseen symbols)",
-               table_html([[d, needed["plain"][d], needed["augmented"][d]] for d in s["widths"]],
-                          ["d_model", "n plain", "n augmented"]))
     rows = [[v, d, *[f"{errors[v][d][n]:.3f}" for n in s["width_ns"]]] for v in VARIANTS for d in s["widths"]]
-    report.add("Test error per width and n", table_html(rows, ["variant", "d_model", *[f"n={n}" for n in s["width_ns"]]]))
-    out["report"] = str(report.write(ctx.out / "report.html"))
-    ctx.write_results(out)
-    return out
+    sections = [
+        (f"Training symbols needed for test error < {ERROR_TARGET} (copy, unseen symbols)",
+         table_html([[d, needed["plain"][d], needed["augmented"][d]] for d in s["widths"]],
+                    ["d_model", "n plain", "n augmented"])),
+        ("Test error per width and n", table_html(rows, ["variant", "d_model", *[f"n={n}" for n in s["width_ns"]]])),
+    ]
+    return ctx.finish(f"templates-copy-width ({ctx.scale})", sections, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,22 +184,21 @@ def run_copy_width(ctx: StudyContext) -> dict[str, Any]:
 def run_heads(ctx: StudyContext) -> dict[str, Any]:
     s, started = SCALES[ctx.scale], time.perf_counter()
     setups = {"same_different": "label", "binding": "query"}  # template -> the corruption to patch with
-    cells = {f"{v}-{t}": cell_config(ctx.scale, t, s["heads_n"], aug) for t in setups for v, aug in VARIANTS.items()}
+    cells = {Cell(v, None, (t,)): cell_config(ctx.scale, t, s["heads_n"], aug) for t in setups for v, aug in VARIANTS.items()}
     results = ctx.run_cells(cells)
     analyses: dict[str, Any] = {}
-    report = Report(f"templates-heads ({ctx.scale})")
-    for name in cells:
+    sections = []
+    for cell in cells:
+        name, template = cell.name, cell.tags[0]
         if results[name].status != "done":
             analyses[name] = {"status": results[name].status}
             continue
-        analyses[name] = analyse_heads(ctx.out / "runs" / name, setups[name.split("-", 1)[1]], s["eval"])
-        report.add(name, _heads_html(analyses[name]))
+        analyses[name] = analyse_heads(ctx.out / "runs" / name, setups[template], s["eval"])
+        sections.append((name, _heads_html(analyses[name])))
     headline = {name: {k: a.get(k) for k in ("acc", "acc_without_a", "acc_without_b", "max_association")}
                 for name, a in analyses.items()}
-    out = {"headline": headline, "analyses": analyses, "seconds": round(time.perf_counter() - started, 1)}
-    out["report"] = str(report.write(ctx.out / "report.html"))
-    ctx.write_results(out)
-    return out
+    return ctx.finish(f"templates-heads ({ctx.scale})", sections,
+                      {"headline": headline, "analyses": analyses, "seconds": round(time.perf_counter() - started, 1)})
 
 
 def analyse_heads(run_dir, change: str, n_samples: int) -> dict[str, Any]:

@@ -1,0 +1,34 @@
+"""The study scaffold: cells named in one place, one writer of report.html and results.json."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analyses.study import Cell, StudyContext, cell_names, default_out
+
+
+def test_a_cell_is_named_by_kind_tags_and_seed_and_grouped_without_the_seed():
+    cell = Cell("albert", 3, ("s3", "L6"))
+    assert cell.name == "albert-s3-L6-s3" and cell.group == "albert-s3-L6"
+    assert Cell("bert").name == "bert-s0" and Cell("plain", None, ("d64", "n16")).name == "plain-d64-n16"
+    assert Cell("bert", 0) == Cell("bert") and len({Cell("bert", 0), Cell("bert", 1)}) == 2
+
+
+def test_cells_that_would_share_a_folder_are_refused():
+    assert cell_names({Cell("bert", 0): 1, "other": 2}) == {"bert-s0": 1, "other": 2}
+    with pytest.raises(ValueError, match="share a name"):
+        cell_names({Cell("bert", 0): 1, "bert-s0": 2})
+
+
+def test_finish_writes_the_report_and_results_with_the_command_that_remakes_them(tmp_path):
+    ctx = StudyContext(out=tmp_path, study="lego-heads", scale="tiny", seeds=(0, 2), overrides=("model.n_layers=3",))
+    results = ctx.finish("A <title>", [("Section <b>", "<p>body</p>")], {"headline": {"x": 1.5}})
+    stored = json.loads((tmp_path / "results.json").read_text())
+    assert stored == results and stored["study"] == "lego-heads" and stored["scale"] == "tiny"
+    assert stored["headline"] == {"x": 1.5} and Path(stored["report"]) == tmp_path / "report.html"
+    page = (tmp_path / "report.html").read_text()
+    assert f"workbench study lego-heads --scale tiny --out {tmp_path} --seeds 0,2 --set model.n_layers=3" in page
+    assert "Section &lt;b&gt;" in page and "<p>body</p>" in page
+    here = StudyContext(out=default_out("lego-heads", "cpu"), study="lego-heads")
+    assert here.command() == "workbench study lego-heads --scale cpu"
