@@ -130,6 +130,11 @@ class TrainConfig:
       more than `plateau_tol` above its best before the last N evaluations. The run is then done
       (resume does not continue it), with its last checkpoint at that step; the lr schedule stays
       that of `steps`.
+    init_from: a run folder whose weights (model.safetensors) this run starts from instead of
+      its own seed's initialisation: a new schedule and a fresh optimizer on a trained model
+      (an lr anneal, or a curriculum: the same model on a harder task config). Its model section
+      must equal this run's. The source's path, step and weight digest go to init.json; resume
+      continues from this run's own checkpoints and no longer needs the source.
     """
 
     steps: int = 1000
@@ -151,8 +156,13 @@ class TrainConfig:
     identity_lr_scale: float = 1.0
     plateau_evals: int | None = None
     plateau_tol: float = 0.002
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
+        if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from.strip()):
+            raise ConfigError(f"train.init_from={self.init_from!r} must name a run folder, or be null")
+        if self.init_from is not None and self.mimic_steps:
+            raise ConfigError("train.init_from and train.mimic_steps both set the starting weights; use one")
         if self.plateau_evals is not None and self.plateau_evals < 1:
             raise ConfigError(f"train.plateau_evals={self.plateau_evals} must be >= 1, or null to train every step")
         if not 0 <= self.plateau_tol < 1:

@@ -25,9 +25,10 @@ from tasks import ConfigError, Task, make_task
 
 CONFIG, WEIGHTS, TRAIN_STATE, METRICS = "config.json", "model.safetensors", "train_state.safetensors", "metrics.jsonl"
 MIMIC = "mimic.json"  # losses of mimicking pre-training, when the run had any
+INIT = "init.json"  # where the starting weights came from, when `train.init_from` named a run
 ANALYSIS, REPORT = "analysis.json", "report.html"
 LOCK = ".workbench.lock"  # present while a process writes the folder (holds its pid)
-RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, ANALYSIS, REPORT, LOCK}  # what a run folder may hold
+RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK}  # what a run folder may hold
 PACKAGES = ("interp-workbench", "torch", "transformer-lens", "circuitsvis", "numpy")
 
 

@@ -6,6 +6,7 @@ on held-out data, atomic resumable checkpoints, and a stop with a clear message 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import math
@@ -27,6 +28,7 @@ from models.config import RunConfig, TrainConfig
 from models.factory import build_model, forward, unique_parameters
 from models.runs import (
     CONFIG,
+    INIT,
     METRICS,
     MIMIC,
     TRAIN_STATE,
@@ -130,6 +132,28 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def starting_weights(cfg: RunConfig, model: torch.nn.Module, source: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """`train.init_from`: the weights of the run in `source` and what init.json records about
+    them. RunFolderError (exit 2) when the folder holds no readable weights, a model section
+    other than `cfg`'s, or weights of other shapes than `model`'s (another task vocabulary)."""
+    source_cfg = read_config(source)
+    theirs, ours = dataclasses.asdict(source_cfg.model), dataclasses.asdict(cfg.model)
+    if theirs != ours:
+        differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        raise RunFolderError(f"train.init_from={source}: its model differs from this run's in {differ} "
+                             f"({', '.join(f'{k}: {theirs.get(k)!r} vs {ours.get(k)!r}' for k in differ)})")
+    tensors, _ = read_tensors(source / WEIGHTS)
+    shapes = {name: tuple(p.shape) for name, p in unique_parameters(model).items()}
+    wrong = {name: (tuple(tensors[name].shape), shape) for name, shape in shapes.items()
+             if name in tensors and tuple(tensors[name].shape) != shape}
+    if wrong or set(shapes) - set(tensors):
+        raise RunFolderError(f"train.init_from={source}: its weights do not fit this run's task (another vocabulary "
+                             f"or sequence length?): {wrong or sorted(set(shapes) - set(tensors))}")
+    done = [r["step"] for r in read_metrics(source) if "step" in r and "train_loss" in r]
+    record = {"from": str(source), "step": done[-1] if done else 0, "weights_digest": weights_digest(tensors)}
+    return tensors, record
+
+
 def supervised_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Cross-entropy over the supervised labels only, read at their label positions."""
     picked = logits_at_labels(logits, batch.label_pos)
@@ -157,6 +181,8 @@ class Trainer:
         n_train = cfg.train.n_train
         self.train_set = self.task.sample(n_train, seeded_generator(seed + 2_000_003)) if n_train else None
         self.step, self.loss_sum, self.loss_count, self.elapsed = 0, 0.0, 0, 0.0
+        # checked before anything is written; a resumed run starts from its own checkpoint instead
+        self.init = None if resume or cfg.train.init_from is None else starting_weights(cfg, self.model, Path(cfg.train.init_from))
 
     def _make_optimizer(self) -> torch.optim.AdamW:
         """Weight decay on weight matrices only; the identity-attention scalars in a group of
@@ -217,8 +243,15 @@ class Trainer:
         self._begin_at_step_0()
 
     def _begin_at_step_0(self) -> None:
-        """Empty metrics, then mimicking pre-training if the config asks for it."""
+        """Empty metrics, then the starting weights: another run's (`init_from`), or mimicking
+        pre-training if the config asks for it."""
+        if self.cfg.train.init_from is not None and self.init is None:  # a resume of a run that crashed before
+            self.init = starting_weights(self.cfg, self.model, Path(self.cfg.train.init_from))  # its first checkpoint
         (self.run_dir / METRICS).write_text("")
+        if self.init is not None:
+            tensors, record = self.init
+            load_weights(self.model, {name: t.to(self.device) for name, t in tensors.items()})
+            (self.run_dir / INIT).write_text(json.dumps(record, indent=1))
         if self.cfg.train.mimic_steps:
             self._mimic()
 

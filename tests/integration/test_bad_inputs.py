@@ -50,6 +50,8 @@ BAD_VALUES = [
     ("composite-cpu", "model.init_gamma", "NaN", "init_gamma=nan"),
     ("templates-cpu", "task.template", "maze", "template='maze'"), ("templates-cpu", "task.n_vars", "0", "n_vars=0"),
     ("templates-cpu", "task.n_train_symbols", "1", "n_train_symbols=1"),
+    ("lego-cpu", "train.init_from", '""', "init_from=''"),
+    ("lego-cpu", "train.init_from", "no/such/run", "no/such/run"),
 ]
 IDS = [f"{preset}:{key}={value}" for preset, key, value, _ in BAD_VALUES]
 

@@ -159,3 +159,30 @@ def test_the_plateau_rule_stops_a_run_where_its_accuracy_stopped_rising_and_resu
     assert Trainer(cfg, tmp_path / "r", resume=True, progress=False).fit().steps == result.steps
     assert read_metrics(tmp_path / "r") == records  # resumed, nothing trained
     assert all(torch.equal(weights[k], v) for k, v in load_file(tmp_path / "r" / "model.safetensors").items())
+
+
+def test_init_from_starts_at_another_runs_weights_on_a_harder_task_and_records_where_they_came_from(tmp_path):
+    import dataclasses
+
+    from models.runs import read_tensors, weights_digest
+    from models.train import starting_weights
+
+    first = tiny_lego_run(steps=10)
+    Trainer(first, tmp_path / "easy", progress=False).fit()
+    source, _ = read_tensors(tmp_path / "easy" / "model.safetensors")
+    # a curriculum step: the same model on a task with more letters, from the easy run's weights
+    harder = dataclasses.replace(tiny_lego_run(steps=10, init_from=str(tmp_path / "easy")),
+                                 task=dataclasses.replace(first.task, n_letters=26))
+    trainer = Trainer(harder, tmp_path / "hard", progress=False)
+    trainer._start()  # step 0: the starting weights are loaded, nothing trained yet
+    assert all(torch.equal(p, source[n]) for n, p in trainer.model.named_parameters())
+    record = json.loads((tmp_path / "hard" / "init.json").read_text())
+    assert record == {"from": str(tmp_path / "easy"), "step": 10, "weights_digest": weights_digest(source)}
+    Trainer(harder, tmp_path / "hard2", progress=False).fit()
+    plain = Trainer(dataclasses.replace(harder, train=dataclasses.replace(harder.train, init_from=None)),
+                    tmp_path / "plain", progress=False)
+    plain.fit()
+    assert read_metrics(tmp_path / "hard2") != read_metrics(tmp_path / "plain")  # the start mattered
+    assert not (tmp_path / "plain" / "init.json").exists()
+    with pytest.raises(Exception, match="model differs from this run's in \\['n_layers'\\]"):
+        starting_weights(tiny_lego_run().with_overrides(["model.n_layers=3"]), trainer.model, tmp_path / "easy")
