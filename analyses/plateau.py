@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from interp.plateau import hop_pull, residual_similarity
+from interp.plateau import hop_pull, parent_element_split, residual_similarity
 from interp.solutions import predictions
 from models.runs import load_run
 from tasks import LegoTask, seeded_generator
@@ -31,6 +31,11 @@ def describe(run_dir: str, n: int, identity_prob: float, seed: int = 0) -> list[
     collapse = residual_similarity(run.model, data["uniform"].tokens[:256])
     lines = [f"{run_dir}:", "  mean cosine between positions, embedding then each block: "
              + " ".join(f"{c:.2f}" for c in collapse.tolist())]
+    answers = predictions(run.model, data["uniform"])
+    splits = [parent_element_split(data["uniform"], answers, k) for k in range(2, run.task.cfg.n_vars)]
+    lines.append("  accuracy where the parent clause applies the identity / elsewhere (signal = sum - 1; 0: zero-hop "
+                 "rule or guessing, 1: the hop): " + ", ".join(
+                     f"#{s.variable} {s.identity:.2f} / {s.other:.2f} ({s.signal:+.2f})" for s in splits))
     if run.task.cfg.forest_fraction > 0:
         lines += forest_accuracy(run, n=4000, seed=seed)
     if run.task.cfg.mention_labels != "none":

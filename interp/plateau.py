@@ -12,6 +12,13 @@ On uniform training data a Z2 model's #k is parent XOR own element, so copying t
 alone gains nothing at first order and the pull averages to ~0: the plateau. The measurement is
 per batch, so the same model can be read on uniform and on biased (mixed-input) sentences.
 
+`parent_element_split` reads what a model knows of the hop from its answers alone: #k's
+accuracy apart for sentences whose parent clause applies the identity and for the others. The
+zero-hop rule (x0 + g0 + gk, what plateau models answer) is right exactly when the parent's
+element is the identity (1 and 0); guessing gives chance on both; the hop gives 1 and 1. In Z2,
+`signal` = the two accuracies' sum minus 1 is how well the answers track the parent's element:
+0 for the zero-hop rule and for guessing alike, 1 for the hop.
+
 `residual_similarity` answers the other usual suspect: do the hidden states of different
 positions collapse toward one direction (a known plateau symptom)?
 
@@ -102,6 +109,37 @@ def hop_pull(model: HookedTransformer, task: LegoTask, batch: Batch, variable: i
     model.zero_grad(set_to_none=True)
     n_keys = int((batch.tokens[0] != PAD).sum())
     return HopPull(variable, torch.stack(attention, 1), 1.0 / n_keys, torch.stack(pull, 1), loss.item())
+
+
+@dataclass
+class ParentSplit:
+    """#`variable`'s accuracy where its parent clause's element is the identity, and elsewhere."""
+
+    variable: int
+    identity: float
+    other: float
+    share_identity: float  # of the sentences
+
+    @property
+    def signal(self) -> float:
+        """identity + other - 1: 0 for the zero-hop rule and for guessing, 1 for the hop (Z2)."""
+        return self.identity + self.other - 1
+
+
+def parent_element_split(batch: Batch, predicted: Tensor, variable: int) -> ParentSplit:
+    """Split #`variable`'s accuracy (`predicted`: [batch label] answers) by whether its parent
+    #variable-1 applies the identity (element 0). Needs every sentence to hold the variable."""
+    if variable < 1 or variable >= batch.labels.shape[1]:
+        raise ValueError(f"variable={variable} has no parent clause; use 1..{batch.labels.shape[1] - 1}")
+    held = batch.label_mask[:, variable]
+    if not held.all():
+        raise ValueError("parent_element_split needs full-length sentences (split='test', or no task.min_vars)")
+    right = (predicted[:, variable] == batch.labels[:, variable]).float()
+    identity = batch.latents["elements"][:, variable - 1] == 0
+    if identity.all() or not identity.any():
+        raise ValueError("the batch needs sentences with and without the identity at the parent; sample more")
+    return ParentSplit(variable, right[identity].mean().item(), right[~identity].mean().item(),
+                       identity.float().mean().item())
 
 
 @torch.no_grad()

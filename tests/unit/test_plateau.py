@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from interp.plateau import hop_pull, residual_similarity
+from interp.plateau import hop_pull, parent_element_split, residual_similarity
 from models.config import ModelConfig
 from models.factory import build_model
 from tasks import LegoConfig, LegoTask
@@ -54,3 +54,21 @@ def test_mention_accuracy_reads_the_mention_slots_of_the_supervised_variables(mo
     line = plateau.mention_accuracy(SimpleNamespace(model=None, task=task), n=200, seed=0)[0]
     assert line.startswith("  mention labels (value)")
     assert line.endswith(", ".join(f"#{k} {expected}" for k in range(3)))  # #3 and #4 are not supervised
+
+
+def test_the_parent_element_split_tells_the_zero_hop_rule_and_guessing_from_the_hop(gen):
+    batch = TASK.sample(2000, gen, split="test")
+    elements, values = batch.latents["elements"], batch.labels
+    # the zero-hop rule, computed independently: #k = x0 + g0 + gk in Z2 (the parent's element left out)
+    root = batch.latents["root"]
+    zero_hop = (root.unsqueeze(1) + elements[:, :1] + elements) % 2
+    zero_hop[:, :2] = values[:, :2]  # #0 and #1 need no hop
+    assert (zero_hop[:, 2] == values[:, 2]).float().mean() < 0.6  # a wrong rule, right half the time
+    rule = parent_element_split(batch, zero_hop, 2)
+    assert rule.identity == 1.0 and rule.other == 0.0 and rule.signal == 0.0
+    assert rule.share_identity == pytest.approx((elements[:, 1] == 0).float().mean().item())
+    guess = parent_element_split(batch, torch.randint(2, values.shape, generator=gen), 2)
+    assert abs(guess.signal) < 0.1 and 0.4 < guess.identity < 0.6
+    assert parent_element_split(batch, values, 3).signal == 1.0  # the true answers: the hop
+    with pytest.raises(ValueError, match="variable=0"):
+        parent_element_split(batch, values, 0)
