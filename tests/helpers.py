@@ -76,3 +76,28 @@ def apply_element(g: str, value: str) -> str:
     cycles = {"id": {}, "(12)": {1: 2, 2: 1}, "(13)": {1: 3, 3: 1}, "(23)": {2: 3, 3: 2},
               "(123)": {1: 2, 2: 3, 3: 1}, "(132)": {1: 3, 3: 2, 2: 1}}[g]
     return str(cycles.get(int(value), int(value)))
+
+
+def held_out_rates_by_hand(run, n: int, seed: int = 0) -> tuple[float, float]:
+    """A composite run's held-out (4,3) answer rates (inferential, symmetric), computed without
+    the task's latents or the verdict code: key and anchors read back from the tokens, targets
+    from the paper's definition (inferential x - 8 - 2 = x - 10 with the default shifts;
+    symmetric: the trained (3,4) answer, x - 6), on the batch `composite_verdict(n, seed)` draws
+    (trained pairs first, then held-out ones)."""
+    import torch
+
+    from interp.solutions import _held_out_pairs, _trained_pairs
+    from tasks import seeded_generator
+
+    task = run.task
+    assert task.cfg.shifts == [5, 1, -2, -8] and task.cfg.held_out == ["4,3"] and task.cfg.overrides == {"3,4": -6}
+    gen = seeded_generator(seed)
+    task.sample(n, gen, split="test", pair_ids=_trained_pairs(task, n, gen))
+    tokens = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen)).tokens
+    first_anchor = ((tokens >= 1) & (tokens <= 4)).int().argmax(1)
+    rows = torch.arange(len(tokens))
+    key, a1, a2 = tokens[rows, first_anchor - 1], tokens[rows, first_anchor], tokens[rows, first_anchor + 1]
+    assert (a1 == 4).all() and (a2 == 3).all()
+    with torch.no_grad():
+        answer = run.model(tokens)[:, -1].argmax(-1)
+    return (answer == key - 10).float().mean().item(), (answer == key - 6).float().mean().item()

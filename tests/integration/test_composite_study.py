@@ -6,6 +6,7 @@ import pytest
 
 from analyses.studies.composite import aggregate_phase, phase_grid
 from analyses.study import run_study
+from tests.helpers import held_out_rates_by_hand
 
 
 def test_phase_study_writes_the_diagram_and_a_verdict_per_cell(tmp_path):
@@ -23,9 +24,33 @@ def test_phase_study_writes_the_diagram_and_a_verdict_per_cell(tmp_path):
     page = (tmp_path / "report.html").read_text()
     assert "Phase diagram" in page and "data:image/png;base64" in page
     assert json.loads((tmp_path / "results.json").read_text())["headline"] == json.loads(json.dumps(results["headline"]))
+    _check_table_against_the_cells(results, grid)
+    _check_held_out_rates_by_hand(tmp_path / "runs", results["cells"])
     mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*/model.safetensors")}
     run_study("composite-phase", tmp_path, "tiny", progress=False)  # a re-run trains nothing
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*/model.safetensors")} == mtimes
+
+
+def _check_table_against_the_cells(results, grid):
+    """Each (gamma, depth) row recomputed from the per-run measures: per seed the run with the
+    best seen accuracy (a single lr at tiny scale), then the mean over seeds."""
+    for key, row in results["table"].items():
+        gamma, depth = key.split(",")
+        runs = [m for name, m in results["cells"].items()
+                if f"init_gamma={gamma}" in name and f"n_layers={depth}" in name]
+        assert row["seeds"] == len(runs) == len(grid.get("train.seed", [0]))
+        for field in ("seen_accuracy", "held_out_inferential", "held_out_symmetric"):
+            assert row[field] == pytest.approx(sum(m[field] for m in runs) / len(runs), abs=1e-4)
+        assert row["init_std"] == pytest.approx(results["base"]["model"]["d_model"] ** -float(gamma), abs=1e-5)
+
+
+def _check_held_out_rates_by_hand(runs, cells):
+    from models.runs import load_run
+
+    for name, measured in cells.items():
+        inferential, symmetric = held_out_rates_by_hand(load_run(runs / name), n=200)  # EVAL_SAMPLES["tiny"]
+        assert measured["held_out_inferential"] == pytest.approx(inferential, abs=1e-4)
+        assert measured["held_out_symmetric"] == pytest.approx(symmetric, abs=1e-4)
 
 
 def test_mechanism_study_reports_flow_patching_and_probes_per_layer(tmp_path):

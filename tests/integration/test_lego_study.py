@@ -68,6 +68,12 @@ def test_seeds_option_trains_every_seed_and_averages_them(root, capsys):
     rules = results["parity_rules"]["albert-L3-s1"]  # what each model computes, variable by variable
     assert len(rules) == 4 and all(0.5 <= r["agreement"] <= 1 for r in rules)
     assert set(results["headline"]["unsupervised_rules"]) == set(results["final_acc"])
+    for name, acc in results["final_acc"].items():  # read back from each run's own metrics, by hand
+        records = [json.loads(line) for line in (pool / name / "metrics.jsonl").read_text().splitlines()]
+        evaluated = [r for r in records if "acc_per_var" in r]
+        assert acc == evaluated[-1]["acc_per_var"]
+        first = [next((r["step"] for r in evaluated if r["acc_per_var"][i] >= 0.95), None) for i in range(len(acc))]
+        assert results["learned_step"][name] == first
     rows = [results["final_acc"][name] for name in ("bert-s0", "bert-s1")]
     mean = [round((a + b) / 2, 4) for a, b in zip(*rows)]
     assert results["headline"]["bert_mean_acc_per_var"] == pytest.approx(mean, abs=1e-4)

@@ -19,6 +19,11 @@ def test_study_runs_at_tiny_scale_and_writes_its_report(name, tmp_path, monkeypa
     assert (tmp_path / "report.html").read_text().startswith("<!DOCTYPE html>")
     cells = json.loads((tmp_path / "runs" / "cells.json").read_text())
     assert cells and all(c["status"] == "done" for c in cells.values())
+    if name == "templates-efficiency":  # the headline's losses, recomputed from the runs' own metrics
+        for variant in ("plain", "augmented"):
+            finals = [json.loads((tmp_path / "runs" / f"{variant}-n8-s{seed}" / "metrics.jsonl").read_text()
+                                 .splitlines()[-1])["eval_loss"] for seed in saved["seeds"]]
+            assert saved["headline"][f"{variant}_loss_at_max_n"] == pytest.approx(sum(finals) / len(finals))
     if name == "templates-heads":
         augmented = saved["analyses"]["augmented-same_different"]
         assert len(augmented["a_h"]) == 2 and "acc_without_a" in augmented

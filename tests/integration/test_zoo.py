@@ -12,6 +12,7 @@ from interp.patching import logit_diff_metric, patch_head_out
 from interp.solutions import composite_verdict, lego_parity_rules
 from models.runs import TRAIN_STATE, load_run
 from tasks import seeded_generator
+from tests.helpers import held_out_rates_by_hand
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,8 @@ def test_mimic_lego_model_keeps_its_mimicked_association_head_and_sits_on_the_pl
 def test_composite_models_answer_held_out_pairs_as_their_names_say(runs, name, verdict, rate):
     result = composite_verdict(runs(name).model, runs(name).task)
     assert result.verdict == verdict and result.seen_accuracy > 0.95 and getattr(result, rate) > 0.5
+    inferential, symmetric = held_out_rates_by_hand(runs(name), n=2000)
+    assert (result.held_out_inferential, result.held_out_symmetric) == (round(inferential, 4), round(symmetric, 4))
 
 
 def test_the_readmes_python_example_runs_on_the_zoo():
