@@ -27,7 +27,6 @@ from tasks import ConfigError
 
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 KEPT_FILES = (CONFIG, WEIGHTS, METRICS, MIMIC)
-ORIGINS = ("learned", "mimicked", "planted")
 
 
 @dataclass(frozen=True)
@@ -35,30 +34,34 @@ class ZooEntry:
     name: str
     preset: str
     overrides: tuple[str, ...]
-    origin: str  # one of ORIGINS
     about: str
 
     def config(self) -> RunConfig:
         return get_preset(self.preset).with_overrides(list(self.overrides))
+
+    @property
+    def origin(self) -> str:
+        """learned, mimicked or planted: read from the config (RunConfig.heads_origin)."""
+        return self.config().heads_origin
 
     def command(self) -> str:
         return f"workbench zoo build {self.name}"
 
 
 ENTRIES = [
-    ZooEntry("lego-planted", "lego-cpu", (), "planted",
+    ZooEntry("lego-planted", "lego-cpu", (),
              "the demo's model: one planted association head in each of layers 1-3; fits #0-#2"),
-    ZooEntry("lego-mimic", "lego-cpu", ("model.planted={}", "train.mimic_steps=300", "train.seed=1"), "mimicked",
+    ZooEntry("lego-mimic", "lego-cpu", ("model.planted={}", "train.mimic_steps=300", "train.seed=1"),
              "no planted heads; 300 steps of mimicking pre-training, then the lego-cpu recipe (seed 1): a "
              "mimicked association head (L0H1), learned manipulation heads, and the #2 plateau (#2 at chance, "
              "zero-hop rule x0 + g0 + gk)"),
     ZooEntry("lego-mimic-long", "lego-cpu",
-             ("model.planted={}", "train.mimic_steps=1500", "train.eval_size=1000"), "mimicked",
+             ("model.planted={}", "train.mimic_steps=1500", "train.eval_size=1000"),
              "no planted heads; 1,500 steps of mimicking pre-training, then the lego-cpu recipe (seed 0): "
              "passes the #2 plateau (mimicking for 1,500 steps does so with two seeds of four)"),
-    ZooEntry("composite-symmetric", "composite-cpu", ("train.steps=600", "model.init_gamma=0.5"), "learned",
+    ZooEntry("composite-symmetric", "composite-cpu", ("train.steps=600", "model.init_gamma=0.5"),
              "2 layers, gamma 0.5: answers held-out pairs symmetrically (cpu phase diagram)"),
-    ZooEntry("composite-inferential", "composite-cpu", ("train.steps=600", "model.init_gamma=0.7"), "learned",
+    ZooEntry("composite-inferential", "composite-cpu", ("train.steps=600", "model.init_gamma=0.7"),
              "2 layers, gamma 0.7: composes the primitives on held-out pairs (cpu phase diagram)"),
 ]
 ZOO = {entry.name: entry for entry in ENTRIES}

@@ -32,12 +32,44 @@ def write_run_report(run: LoadedRun, path: str | Path | None = None, **kwargs) -
     return build_run_report(run, **kwargs).write(path or run.path / REPORT)
 
 
+HEAD_ORIGINS = {
+    "planted": "some heads' attention patterns are planted (hardcoded: {planted}), so the head classifier finds "
+               "what was put in there",
+    "mimicked": "mimicked, then learned: {steps} steps of mimicking pre-training on random tokens (heads 0 and 1 of "
+                "every layer imitate conv and same-token patterns), then the task",
+    "warm-started": "warm-started from the weights of {source} (train.init_from); that run's origin applies too",
+    "learned": "learned: random initialisation, nothing planted or mimicked",
+}
+# what a planted LEGO model is not, and where to look instead (analyses/RESULTS.md, "The #2 plateau")
+LEGO_PLANTED_NOTE = (
+    "No plain LEGO model from random init has learned the association hop at this shape on CPU (26 letters: "
+    "analyses/RESULTS.md, \"The #2 plateau\"). For a model whose association head was learned, after mimicking "
+    "pre-training, run <code>workbench analyze zoo/lego-mimic-long</code> (its L1H3 is a learned association head).")
+
+
+def heads_origin_html(run: LoadedRun) -> str:
+    """One paragraph: how this model got its heads (RunConfig.heads_origin), in words."""
+    cfg = run.config
+    origin = cfg.heads_origin
+    planted = ", ".join(f"{_where(w)} {kind}" for w, kind in cfg.model.planted.items())
+    text = HEAD_ORIGINS[origin].format(planted=planted, steps=cfg.train.mimic_steps, source=cfg.train.init_from)
+    note = f" {LEGO_PLANTED_NOTE}" if origin == "planted" and cfg.task.name == "lego" else ""
+    return f"<p class='origin'><b>Heads: {html.escape(text)}.</b>{note}</p>"
+
+
+def _where(key: str) -> str:
+    """A planted-head key ("1.0", or "*.0" for every layer) in words."""
+    layer, head = key.split(".")
+    return f"head {head} of every layer" if layer == "*" else f"layer {layer} head {head}"
+
+
 def _summary_html(run: LoadedRun) -> str:
     final = next((m for m in reversed(run.metrics) if "eval_loss" in m), None)
     if final is None:
-        return "<p>No evaluation was recorded.</p>"
+        return heads_origin_html(run) + "<p>No evaluation was recorded.</p>"
     rows = [[k, readable(k, v)] for k, v in final.items()]
-    return f"<p>Final evaluation on held-out data (step {final['step']}):</p>" + table_html(rows, ["metric", "value"])
+    return (heads_origin_html(run) + f"<p>Final evaluation on held-out data (step {final['step']}):</p>"
+            + table_html(rows, ["metric", "value"]))
 
 
 def readable(key: str, value: object) -> str:

@@ -199,6 +199,21 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def heads_origin(self) -> str:
+        """How the model got its attention heads, as every report must say it: "planted" (some
+        heads' patterns are hardcoded, so a head classifier finds what was put in), "mimicked"
+        (mimicking pre-training on random tokens, then the task), "warm-started" (from another
+        run's weights, `train.init_from`: that run's origin applies too), or "learned" (random
+        init, nothing given)."""
+        if self.model.planted:
+            return "planted"
+        if self.train.mimic_steps:
+            return "mimicked"
+        if self.train.init_from is not None:
+            return "warm-started"
+        return "learned"
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         unknown = set(data) - {"task", "model", "train"}

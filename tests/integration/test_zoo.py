@@ -106,3 +106,16 @@ def test_long_mimic_lego_model_passes_the_hop_with_a_learned_association_head(ru
     assert effects[1, 3] > 0.3 and effects[2, 0] > 0.5
     rules = lego_parity_rules(run.model, run.task, n=1000)
     assert rules[2].is_true_rule and rules[2].agreement > 0.85
+
+
+def test_every_report_says_how_the_model_got_its_heads(runs):
+    from interp.run_report import build_run_report
+
+    def summary(name):
+        return next(body for heading, body in build_run_report(runs(name), n_examples=1).sections if heading == "Summary")
+
+    planted = summary("lego-planted")
+    assert "planted (hardcoded: layer 1 head 0 association" in planted and "zoo/lego-mimic-long" in planted
+    assert "Heads: mimicked, then learned: 1500 steps" in summary("lego-mimic-long")
+    assert "Heads: learned: random initialisation" in summary("composite-inferential")
+    assert [entry.origin for entry in ZOO.values()] == ["planted", "mimicked", "mimicked", "learned", "learned"]
