@@ -85,15 +85,45 @@ def forest_accuracy(run, n: int, seed: int) -> list[str]:
     return lines
 
 
+def hop_breakdown(run, n: int, seed: int = 5, variable: int = 2) -> list[str]:
+    """Where a partial hop succeeds: #`variable`'s accuracy on test sentences whose parent clause
+    does not apply the identity (there the zero-hop rule is always wrong, so any success is the
+    hop), by the parent's clause slot, the variable's slot, their distance, and the parent's
+    letter. Flat rows mean a graded read of the parent, not a positional or letter shortcut."""
+    from tasks.lego import CLAUSE_LEN, VARIABLES
+
+    batch = run.task.sample(n, seeded_generator(seed), split="test")
+    right = (predictions(run.model, batch) == batch.labels)[:, variable].float()
+    away = batch.latents["elements"][:, variable - 1] != 0
+    slot = (batch.label_pos - batch.label_pos.min()) // CLAUSE_LEN
+    features = {"parent's slot": slot[:, variable - 1], "own slot": slot[:, variable],
+                "parent slot - own slot": slot[:, variable - 1] - slot[:, variable],
+                "parent's letter": batch.latents["variables"][:, variable - 1]}
+    lines = [f"  #{variable} where the parent does not apply the identity ({int(away.sum())} sentences; "
+             f"accuracy {right[away].mean():.2f}), by:"]
+    for name, feature in features.items():
+        cells = []
+        for value in sorted(set(feature[away].tolist())):
+            mask = away & (feature == value)
+            label = VARIABLES[value] if name == "parent's letter" else f"{value:+d}" if "-" in name else str(value)
+            cells.append(f"{label}: {right[mask].mean():.2f}")
+        lines.append(f"    {name}: " + ", ".join(cells))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--n", type=int, default=512, help="sentences per batch")
     parser.add_argument("--identity-prob", type=float, default=0.9)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also #2's accuracy where the parent negates, by slot, distance and letter (6,000 sentences)")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     for run_dir in args.runs:
         print("\n".join(describe(run_dir, args.n, args.identity_prob)))
+        if args.breakdown:
+            print("\n".join(hop_breakdown(load_run(run_dir), 6000)))
     return 0
 
 

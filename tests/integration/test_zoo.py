@@ -119,3 +119,15 @@ def test_every_report_says_how_the_model_got_its_heads(runs):
     assert "Heads: mimicked, then learned: 1500 steps" in summary("lego-mimic-long")
     assert "Heads: learned: random initialisation" in summary("composite-inferential")
     assert [entry.origin for entry in ZOO.values()] == ["planted", "mimicked", "mimicked", "learned", "learned"]
+
+
+def test_the_hop_breakdown_reads_a_solved_hop_and_the_zero_hop_rule(runs):
+    from analyses.plateau import hop_breakdown
+
+    solved, plateau = hop_breakdown(runs("lego-planted"), 600), hop_breakdown(runs("lego-mimic"), 600)
+    assert "accuracy 1.00" in solved[0] and all(cell.endswith("1.00") for line in solved[1:]
+                                                 for cell in line.split(": ", 1)[1].split(", "))
+    # the plateau model answers x0 + g0 + g2: always wrong where the parent negates
+    assert float(plateau[0].rsplit("accuracy ", 1)[1].rstrip("), by:")) < 0.05
+    assert [line.split(":")[0].strip() for line in solved[1:]] == ["parent's slot", "own slot", "parent slot - own slot",
+                                                                   "parent's letter"]
