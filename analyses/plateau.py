@@ -108,7 +108,29 @@ def hop_breakdown(run, n: int, seed: int = 5, variable: int = 2) -> list[str]:
             label = VARIABLES[value] if name == "parent's letter" else f"{value:+d}" if "-" in name else str(value)
             cells.append(f"{label}: {right[mask].mean():.2f}")
         lines.append(f"    {name}: " + ", ".join(cells))
+    lines.append(_letter_head(run, batch, right, away, variable))
     return lines
+
+
+def _letter_head(run, batch, right, away, variable: int) -> str:
+    """The head whose attention from #`variable`'s left-hand token onto its parent's clause
+    (the four tokens `p = g x`) differs most between the parent letter the model answers best
+    and the other letters: where a letter-specific hop would look."""
+    from interp.attention import attention_patterns
+    from tasks.lego import VARIABLES
+
+    letters = batch.latents["variables"][:, variable - 1]
+    best = max(sorted(set(letters[away].tolist())), key=lambda v: right[away & (letters == v)].mean().item())
+    rows, parent = torch.arange(len(batch)), batch.label_pos[:, variable - 1]
+    patterns = torch.cat([attention_patterns(run.model, batch.tokens[i: i + 500]) for i in range(0, len(batch), 500)], 1)
+    query = batch.label_pos[:, variable]
+    # indices split by a slice put the batch first: [batch layer head]
+    mass = sum(patterns[:, rows, :, query, parent + offset] for offset in range(4))
+    on_best, others = mass[letters == best].mean(0), mass[letters != best].mean(0)
+    layer, head = divmod(int((on_best - others).abs().argmax()), mass.shape[2])
+    return (f"    attention from #{variable}'s left-hand token onto the parent's clause, parent {VARIABLES[best]} (best "
+            f"answered) vs the other letters, largest difference: L{layer}H{head} {on_best[layer, head]:.2f} vs "
+            f"{others[layer, head]:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,6 +59,12 @@ ENTRIES = [
              ("model.planted={}", "train.mimic_steps=1500", "train.eval_size=1000"),
              "no planted heads; 1,500 steps of mimicking pre-training, then the lego-cpu recipe (seed 0): "
              "passes the #2 plateau (mimicking for 1,500 steps does so with two seeds of four)"),
+    ZooEntry("lego-six-letters", "lego-cpu",
+             ("model.planted={}", "task.n_letters=6", "train.steps=10000", "train.eval_every=500",
+              "train.checkpoint_every=500", "train.eval_size=1000"),
+             "no planted heads, no mimicking: variables named from six letters, 10,000 steps (about 50 minutes "
+             "on one thread): a learned, partial hop. #2 = 0.68, right whenever the parent is the letter d "
+             "(the hop learned for one letter of six; python -m analyses.plateau --breakdown)"),
     ZooEntry("composite-symmetric", "composite-cpu", ("train.steps=600", "model.init_gamma=0.5"),
              "2 layers, gamma 0.5: answers held-out pairs symmetrically (cpu phase diagram)"),
     ZooEntry("composite-inferential", "composite-cpu", ("train.steps=600", "model.init_gamma=0.7"),

@@ -118,16 +118,29 @@ def test_every_report_says_how_the_model_got_its_heads(runs):
     assert "planted (hardcoded: layer 1 head 0 association" in planted and "zoo/lego-mimic-long" in planted
     assert "Heads: mimicked, then learned: 1500 steps" in summary("lego-mimic-long")
     assert "Heads: learned: random initialisation" in summary("composite-inferential")
-    assert [entry.origin for entry in ZOO.values()] == ["planted", "mimicked", "mimicked", "learned", "learned"]
+    assert [entry.origin for entry in ZOO.values()] == ["planted", "mimicked", "mimicked", "learned", "learned", "learned"]
 
 
 def test_the_hop_breakdown_reads_a_solved_hop_and_the_zero_hop_rule(runs):
     from analyses.plateau import hop_breakdown
 
     solved, plateau = hop_breakdown(runs("lego-planted"), 600), hop_breakdown(runs("lego-mimic"), 600)
-    assert "accuracy 1.00" in solved[0] and all(cell.endswith("1.00") for line in solved[1:]
+    assert "accuracy 1.00" in solved[0] and all(cell.endswith("1.00") for line in solved[1:5]
                                                  for cell in line.split(": ", 1)[1].split(", "))
     # the plateau model answers x0 + g0 + g2: always wrong where the parent negates
     assert float(plateau[0].rsplit("accuracy ", 1)[1].rstrip("), by:")) < 0.05
-    assert [line.split(":")[0].strip() for line in solved[1:]] == ["parent's slot", "own slot", "parent slot - own slot",
+    assert [line.split(":")[0].strip() for line in solved[1:5]] == ["parent's slot", "own slot", "parent slot - own slot",
                                                                    "parent's letter"]
+
+
+def test_the_six_letter_model_learned_the_hop_for_one_letter_and_the_workbench_finds_its_head(runs):
+    """RESULTS.md, "What the six-letter models know of the hop": learned from random init, no
+    planted or mimicked heads; #2 right whenever the parent is d; L1H3 looks at d's clause."""
+    from analyses.plateau import hop_breakdown
+
+    run = runs("lego-six-letters")
+    assert run.config.heads_origin == "learned" and 0.65 < run.metrics[-1]["acc_per_var"][2] < 0.72
+    lines = hop_breakdown(run, 1200)
+    letters = dict(cell.split(": ") for cell in lines[4].split(": ", 1)[1].split(", "))
+    assert float(letters["d"]) == 1.0 and all(float(v) < 0.35 for k, v in letters.items() if k != "d")
+    assert "parent d (best answered)" in lines[5] and "L1H3" in lines[5]
