@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import numpy as np
 import torch
 
 from interp.plateau import hop_pull, parent_element_split, residual_similarity
@@ -108,11 +109,30 @@ def hop_breakdown(run, n: int, seed: int = 5, variable: int = 2) -> list[str]:
             label = VARIABLES[value] if name == "parent's letter" else f"{value:+d}" if "-" in name else str(value)
             cells.append(f"{label}: {right[mask].mean():.2f}")
         lines.append(f"    {name}: " + ", ".join(cells))
-    lines.append(_letter_head(run, batch, right, away, variable))
-    return lines
+    head_line, best = _letter_head(run, batch, right, away, variable)
+    return [*lines, head_line, _letter_patching(run, variable, best, seed)]
 
 
-def _letter_head(run, batch, right, away, variable: int) -> str:
+def _letter_patching(run, variable: int, letter: int, seed: int, n: int = 128) -> str:
+    """Exact head patching where the hop for `letter` works: aligned test sentences whose
+    parent is that letter, the parent's group element flipped, the logit difference read at
+    #`variable` (1 = the head's clean output restores the clean answer)."""
+    from interp.patching import logit_diff_metric, patch_head_out
+    from tasks.lego import VARIABLES
+
+    gen = seeded_generator(seed + 1)
+    clean = run.task.sample(20 * n, gen, split="test", aligned=True)
+    rows = (clean.latents["variables"][:, variable - 1] == letter).nonzero()[:, 0][:n]
+    clean = clean.select(rows)
+    corrupted, _ = run.task.corrupt(clean, gen, depth=variable - 1)
+    effects = patch_head_out(run.model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, variable))
+    ranked = sorted(((float(v), layer, head) for (layer, head), v in np.ndenumerate(effects.values.numpy())),
+                    key=lambda item: -abs(item[0]))[:3]
+    return (f"    exact head patching on {len(rows)} sentences whose parent is {VARIABLES[letter]}, the parent's element "
+            f"flipped, metric at #{variable}: " + ", ".join(f"L{layer}H{head} {v:+.2f}" for v, layer, head in ranked))
+
+
+def _letter_head(run, batch, right, away, variable: int) -> tuple[str, int]:
     """The head whose attention from #`variable`'s left-hand token onto its parent's clause
     (the four tokens `p = g x`) differs most between the parent letter the model answers best
     and the other letters: where a letter-specific hop would look."""
@@ -130,7 +150,7 @@ def _letter_head(run, batch, right, away, variable: int) -> str:
     layer, head = divmod(int((on_best - others).abs().argmax()), mass.shape[2])
     return (f"    attention from #{variable}'s left-hand token onto the parent's clause, parent {VARIABLES[best]} (best "
             f"answered) vs the other letters, largest difference: L{layer}H{head} {on_best[layer, head]:.2f} vs "
-            f"{others[layer, head]:.2f}")
+            f"{others[layer, head]:.2f}"), best
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,3 +144,5 @@ def test_the_six_letter_model_learned_the_hop_for_one_letter_and_the_workbench_f
     letters = dict(cell.split(": ") for cell in lines[4].split(": ", 1)[1].split(", "))
     assert float(letters["d"]) == 1.0 and all(float(v) < 0.35 for k, v in letters.items() if k != "d")
     assert "parent d (best answered)" in lines[5] and "L1H3" in lines[5]
+    top = lines[6].split("metric at #2: ", 1)[1].split(", ")[0]  # exact patching where the hop works
+    assert top.startswith("L1H3 +") and float(top.split("+")[1]) > 0.9
