@@ -64,7 +64,8 @@ ENTRIES = [
               "train.checkpoint_every=500", "train.eval_size=1000"),
              "no planted heads, no mimicking: variables named from six letters, 10,000 steps (about 50 minutes "
              "on one thread): a learned, partial hop. #2 = 0.68, right whenever the parent is the letter d "
-             "(the hop learned for one letter of six; python -m analyses.plateau --breakdown)"),
+             "(the hop learned for one letter of six; python -m analyses.plateau --breakdown). Seed 0; seed 1 of "
+             "the same recipe learns no letter"),
     ZooEntry("composite-symmetric", "composite-cpu", ("train.steps=600", "model.init_gamma=0.5"),
              "2 layers, gamma 0.5: answers held-out pairs symmetrically (cpu phase diagram)"),
     ZooEntry("composite-inferential", "composite-cpu", ("train.steps=600", "model.init_gamma=0.7"),
