@@ -180,8 +180,10 @@ def _call_with_threads(cell_fn: CellFn, threads: int, name: str, cfg_dict: dict[
 
 def _run_ray(jobs: dict[str, tuple[dict, str]], workers: int, address: str | None,
              record: Callable[[CellResult], None]) -> None:
-    """Each cell a Ray task with one CPU. Without an address, a local Ray instance with
-    `workers` CPUs is started (and stopped again). Run folders must be on a filesystem that
+    """Each cell a Ray task with one CPU, and a share of a GPU where the cluster has GPUs
+    (`gpu_share`; Ray hides the GPUs from a task that asks for none, so its `auto` device is
+    then the CPU). Without an address, a local Ray instance with `workers` CPUs (and the
+    machine's GPUs) is started, and stopped again. Run folders must be on a filesystem that
     every Ray node sees."""
     try:
         import ray
@@ -193,7 +195,8 @@ def _run_ray(jobs: dict[str, tuple[dict, str]], workers: int, address: str | Non
         ray.init(**options, log_to_driver=False, configure_logging=False,
                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(_import_roots())}})
     try:
-        remote = ray.remote(num_cpus=1, max_retries=0)(_call_with_threads)
+        gpus = gpu_share(ray.cluster_resources().get("GPU", 0), workers)
+        remote = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(_call_with_threads)
         refs = {remote.remote(train_cell, 1, name, *job): name for name, job in jobs.items()}
         pending = list(refs)
         while pending:
@@ -205,6 +208,15 @@ def _run_ray(jobs: dict[str, tuple[dict, str]], workers: int, address: str | Non
     finally:
         if started_here:
             ray.shutdown()
+
+
+def gpu_share(gpus: float, workers: int) -> float:
+    """The GPUs each Ray cell asks for: none without GPUs; else the cluster's GPUs split among
+    the `workers` cells that run at once, at most one each (Ray's fractional GPUs: two cells
+    on one GPU ask for 0.5 each)."""
+    if gpus <= 0:
+        return 0
+    return min(1.0, gpus / workers)
 
 
 def _import_roots() -> list[str]:

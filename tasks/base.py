@@ -7,6 +7,7 @@ Shape glossary: batch = samples, pos = token positions, label = label slots of a
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -37,16 +38,23 @@ class Batch:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
-    def to(self, device: torch.device | str) -> Batch:
-        moved = {k: v.to(device) for k, v in self.latents.items()}
-        tensors = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self) if f.name != "latents"}
-        return Batch(**tensors, latents=moved)
+    def map(self, fn: Callable[[Tensor], Tensor]) -> Batch:
+        """The batch with `fn` applied to every tensor, latents included."""
+        tensors = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "latents"}
+        return Batch(**tensors, latents={k: fn(v) for k, v in self.latents.items()})
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """The batch on `device`. With `non_blocking`, a copy from pinned memory (`pin_memory`)
+        to a GPU returns at once and overlaps with the work already queued there."""
+        return self.map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked host memory, which a GPU copies from asynchronously (CUDA only)."""
+        return self.map(Tensor.pin_memory)
 
     def select(self, index: Tensor | slice) -> Batch:
         """The sub-batch of the given sample indices (a slice or index tensor)."""
-        picked = {k: v[index] for k, v in self.latents.items()}
-        tensors = {f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self) if f.name != "latents"}
-        return Batch(**tensors, latents=picked)
+        return self.map(lambda t: t[index])
 
 
 class CounterfactualPairs(NamedTuple):

@@ -23,6 +23,16 @@ from tasks import seeded_generator  # noqa: E402
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run only where CUDA is; elsewhere they are reported as skipped, with why."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu test: no CUDA device on this machine (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def gen():
     return seeded_generator(1234)

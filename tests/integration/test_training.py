@@ -100,7 +100,7 @@ def test_training_kernels_are_deterministic_on_cpu_threads():
     """The embedding's backward on two threads adds gradient rows in a varying order unless
     deterministic kernels are on; `fit` turns them on, so one seed gives one set of weights."""
     from models.factory import build_model
-    from models.train import deterministic_on_cpu, supervised_loss
+    from models.train import deterministic_kernels, supervised_loss
     from tasks import make_task, seeded_generator
 
     cfg = tiny_lego_run()
@@ -116,7 +116,7 @@ def test_training_kernels_are_deterministic_on_cpu_threads():
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with deterministic_on_cpu(torch.device("cpu")):
+        with deterministic_kernels(torch.device("cpu")):
             first = embedding_grad()
             assert all(torch.equal(first, embedding_grad()) for _ in range(5))
     finally:
