@@ -6,14 +6,18 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow lint benchmark clean
+# TORCH_INDEX: a PyTorch wheel index to take torch from (e.g. a CUDA build's, pytorch.org/get-started);
+# empty: pip's own configuration (PyPI's Linux x86-64 torch wheel is itself a CUDA build)
+TORCH_INDEX ?=
+
+.PHONY: setup demo test test-slow lint benchmark gpu-check clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
 	touch $(STAMP)
 
@@ -31,6 +35,13 @@ lint: $(STAMP)
 
 benchmark: $(STAMP)
 	$(BIN)/workbench benchmark
+
+# With a GPU: the gpu tests, the CUDA benchmark and one gpu-scale study (README, "With a GPU")
+gpu-check: $(STAMP)
+	@$(BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu-check: torch ' + torch.__version__ + ' sees no CUDA device; install a CUDA build of torch (README, With a GPU)')"
+	$(BIN)/python -m pytest -m gpu
+	$(BIN)/workbench benchmark --device cuda
+	$(BIN)/workbench study lego-extrapolation --scale gpu
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -108,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--patching", type=Path, metavar="RUN_DIR",
                        help="instead: exact vs TransformerLens vs attribution patching on this trained run")
     bench.add_argument("--label-index", type=int, default=0, help="with --patching: the label slot the metric reads")
+    bench.add_argument("--device", choices=["cpu", "cuda"],
+                       help="instead: the lego-gpu shape on this device (steps/s, fraction of a bf16 matmul peak, data "
+                            "vs step time, patching vs TransformerLens)")
     bench.set_defaults(run=_cmd_benchmark)
     return parser
 
@@ -365,8 +368,12 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         results = run_patching_benchmark(run.model, run.task, repeats=repeats, label_index=args.label_index)
         print_report({**results, **agreement_at_init(run, 32, 0, args.label_index)})
         return 0
-    from analyses.benchmark import run_benchmarks
+    from analyses.benchmark import run_benchmarks, run_device_benchmark
+    from models.train import resolve_device
 
+    if args.device:
+        run_device_benchmark(resolve_device(args.device), quick=args.quick)
+        return 0
     run_benchmarks(quick=args.quick)
     return 0
 
