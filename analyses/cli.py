@@ -65,8 +65,8 @@ def _parser() -> argparse.ArgumentParser:
                                        "and results.json into --out. `workbench study --list` names them all.")
     study.add_argument("name", nargs="?", help="e.g. lego-extrapolation, composite-phase, templates-efficiency")
     study.add_argument("--list", action="store_true", help="list the studies and exit")
-    study.add_argument("--scale", default="cpu", help="tiny (seconds, smoke test), cpu (default, < 30 min on 2 cores) "
-                                                      "or paper (the papers' sizes, for a GPU or cluster)")
+    study.add_argument("--scale", default="cpu", help="tiny (seconds, smoke test), cpu (default, < 30 min on 2 cores), "
+                                                      "gpu (one GPU, minutes per model) or paper (the papers' sizes)")
     study.add_argument("--out", type=Path, help="study folder (default runs/studies/<name>-<scale>)")
     study.add_argument("--workers", type=int, default=1, help="cells trained at once (default 1)")
     study.add_argument("--backend", choices=["local", "ray"], default="local", help="where cells run (default local)")

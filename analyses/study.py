@@ -20,7 +20,8 @@ from typing import Any
 
 from tasks import ConfigError
 
-SCALES = ("tiny", "cpu", "paper")  # tiny: seconds, for smoke tests; cpu: < 30 min on 2 cores; paper: GPU
+# tiny: seconds, for smoke tests; cpu: < 30 min on 2 cores; gpu: one GPU, minutes per model; paper: the papers' sizes
+SCALES = ("tiny", "cpu", "gpu", "paper")
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,14 @@ from tasks import CompositeConfig, CompositeTask, seeded_generator
 
 SEEN_LEARNED = 0.9  # the paper counts a run whose seen-pair accuracy is below this as unlearned
 VERDICT_MARK = {"inferential": "I", "symmetric": "S", "mixed": "M", "unlearned": "U"}
-EVAL_SAMPLES = {"tiny": 200, "cpu": 2000, "paper": 5000}
+EVAL_SAMPLES = {"tiny": 200, "cpu": 2000, "gpu": 5000, "paper": 5000}
 
 
 def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
     """The config every cell starts from, with the study's `--set` overrides (e.g.
     model.norm_position=post). cpu: the composite-cpu preset for 600 steps (its seen pairs are
-    learned by step 400 at gamma 0.8, analyses/RESULTS.md)."""
+    learned by step 400 at gamma 0.8, analyses/RESULTS.md). gpu: the composite-gpu preset (the
+    paper's width and post-LN block, batch 2048, to the stop rule)."""
     if scale == "tiny":
         base = RunConfig(task=CompositeConfig(),
                          model=ModelConfig(n_layers=2, d_model=32, n_heads=1, d_mlp=64, init_gamma=0.5),
@@ -48,6 +49,8 @@ def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
                                            checkpoint_every=10))
     elif scale == "cpu":
         base = get_preset("composite-cpu").with_overrides(["train.steps=600"])
+    elif scale == "gpu":
+        base = get_preset("composite-gpu")
     else:
         base = get_preset("composite-paper")
     return base.with_overrides(list(overrides))
@@ -59,6 +62,8 @@ def phase_grid(scale: str) -> dict[str, list[Any]]:
         return {"train.seed": [0], "model.init_gamma": [0.3, 0.9], "model.n_layers": [1]}
     if scale == "cpu":
         return {"train.seed": [0, 1], "model.init_gamma": [0.3, 0.5, 0.7, 0.9], "model.n_layers": [2, 3, 4]}
+    if scale == "gpu":
+        return {"train.seed": [0, 1], "model.init_gamma": [0.3, 0.5, 0.7, 0.9], "model.n_layers": [2, 3, 4, 5]}
     return {"train.seed": [0, 1, 2], "train.lr": [1e-4, 2e-4, 3e-4],
             "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], "model.n_layers": [2, 3, 4, 5, 6]}
 
@@ -75,7 +80,7 @@ def contrast_gammas(scale: str) -> dict[str, float]:
     cpu: 0.5 vs 0.7, the symmetric and inferential depth-2 cells of the cpu phase diagram,
     whose gamma 0.9 cells answered symmetrically)."""
     return {"tiny": {"small_gamma": 0.3, "large_gamma": 0.9}, "cpu": {"small_gamma": 0.5, "large_gamma": 0.7},
-            "paper": {"small_gamma": 0.5, "large_gamma": 0.8}}[scale]
+            "gpu": {"small_gamma": 0.5, "large_gamma": 0.8}, "paper": {"small_gamma": 0.5, "large_gamma": 0.8}}[scale]
 
 
 def lr_wd_grid(scale: str) -> dict[str, list[Any]]:
@@ -83,6 +88,8 @@ def lr_wd_grid(scale: str) -> dict[str, list[Any]]:
         return {"train.lr": [1e-3, 3e-3], "train.weight_decay": [0.01, 1.0]}
     if scale == "cpu":
         return {"train.lr": [1e-3, 3e-3], "train.weight_decay": [0.01, 1.0]}
+    if scale == "gpu":
+        return {"train.lr": [2.5e-4, 5e-4, 1e-3], "train.weight_decay": [0.0, 0.01, 0.1, 1.0]}
     return {"train.seed": [0, 1, 2], "train.lr": [1e-4, 2e-4, 3e-4, 5e-4], "train.weight_decay": [0.0, 0.01, 0.1, 1.0]}
 
 

@@ -10,6 +10,11 @@ it. Scales:
   models never learned variable #2 on CPU (analyses/RESULTS.md), so "bert" and "albert" are
   the paper's *hybrid*: one planted association head in each of layers 1-3, the rest learned;
   "albert" ties all layers. "standard" is the plain model.
+- gpu: the `lego-gpu` preset for one GPU: n = 12, #0-#5 supervised (so #6-#11 measure
+  extrapolation), 8 layers of d 256, batch 512, bf16, 20,000 steps; sized by FLOP count to a few
+  minutes of an H100 per model (not yet measured on one). Its models are **plain**: nothing is
+  planted, so "bert" and "standard" are the same recipe and every head a study labels was
+  learned. Two seeds by default.
 - paper: the paper's recipe (n = 12, #0-#5 supervised, BERT-base sizes); for a GPU.
 """
 
@@ -46,9 +51,13 @@ HARDCODED = {"*.0": "association", "*.1": "manipulation", "*.2": "broadcast"}
 
 
 def base_config(scale: str) -> RunConfig:
-    """The hybrid model of each scale (planted association heads, the rest learned)."""
+    """The "bert" model of each scale: the hybrid (planted association heads, the rest learned)
+    at tiny, cpu and paper scale; plain at gpu scale, where a GPU's data budget is meant to let
+    the heads be learned."""
     if scale == "cpu":
         return get_preset("lego-cpu")
+    if scale == "gpu":
+        return get_preset("lego-gpu")
     if scale == "paper":
         cfg = get_preset("lego-paper")
         planted = {f"{layer}.0": "association" for layer in range(1, cfg.model.n_layers)}
@@ -80,7 +89,7 @@ def variant(scale: str, kind: str, seed: int = 0, layers: int | None = None, **t
     elif kind in ("standard", "mimic"):
         model = dataclasses.replace(model, planted={})
         if kind == "mimic":
-            train = dataclasses.replace(train, mimic_steps={"tiny": 5, "cpu": 300, "paper": 2000}[scale])
+            train = dataclasses.replace(train, mimic_steps={"tiny": 5, "cpu": 300, "gpu": 1000, "paper": 2000}[scale])
     elif kind in ("hardcoded", "hybrid3"):
         n_heads = 3 if kind == "hardcoded" else 6
         model = dataclasses.replace(model, n_heads=n_heads, d_head=max(8, model.d_model // 4), planted=dict(HARDCODED))
@@ -91,16 +100,16 @@ def variant(scale: str, kind: str, seed: int = 0, layers: int | None = None, **t
 
 def seeds(ctx: StudyContext) -> list[int]:
     """The seeds of the comparisons: `--seeds` when given, else one at cpu scale (each model is
-    minutes of CPU) and three for the paper. Studies that analyse a single model (percolation,
+    minutes of CPU), two at gpu scale and three for the paper. Studies that analyse a single model (percolation,
     shortcut) take the first."""
-    return ctx.seeds_or([0, 1, 2] if ctx.scale == "paper" else [0])
+    return ctx.seeds_or({"paper": [0, 1, 2], "gpu": [0, 1]}.get(ctx.scale, [0]))
 
 
 def depths(scale: str) -> list[int]:
     """Depths of the extrapolation comparison. A for-loop needs about one layer per chain step
     (the probe map of the 4-layer ALBERT reaches depth 2 at its last layer), so 4 layers cannot
     compute #3 however they are trained; 6 leave room to extrapolate."""
-    return {"tiny": [2, 3], "cpu": [4, 6], "paper": [12]}[scale]
+    return {"tiny": [2, 3], "cpu": [4, 6], "gpu": [8, 12], "paper": [12]}[scale]
 
 
 def pool_cell(scale: str, kind: str, seed: int, layers: int | None = None, *tags: str) -> Cell:
@@ -267,7 +276,7 @@ def percolation_study(ctx: StudyContext) -> dict[str, Any]:
              for seed in seeds(ctx) for kind in ("bert", "albert")}
     train_pool(ctx, cells)
     maps, sections, headline = {}, [], {}
-    n = {"tiny": (200, 200), "cpu": (3000, 2000), "paper": (3000, 2000)}[ctx.scale]
+    n = {"tiny": (200, 200), "cpu": (3000, 2000), "gpu": (3000, 2000), "paper": (3000, 2000)}[ctx.scale]
     for name in (cell.name for cell in cells):
         run = load_run(pool_dir(ctx) / name)
         probe = lego_probe_map(run.model, run.task, n_train=n[0], n_test=n[1])
@@ -380,7 +389,7 @@ def _last_variable_evidence(ctx: StudyContext, name: str) -> dict[str, Any]:
     """Probes per depth (is the last variable readable earlier than the middle ones?) and head
     patching at the last slot (which heads carry it?)."""
     run = load_run(pool_dir(ctx) / name)
-    n = {"tiny": (200, 200), "cpu": (3000, 2000), "paper": (3000, 2000)}[ctx.scale]
+    n = {"tiny": (200, 200), "cpu": (3000, 2000), "gpu": (3000, 2000), "paper": (3000, 2000)}[ctx.scale]
     probe = lego_probe_map(run.model, run.task, n_train=n[0], n_test=n[1])
     gen = seeded_generator(7)
     clean = run.task.sample(64, gen, split="test", aligned=True)

@@ -43,6 +43,11 @@ SCALES: dict[str, dict[str, Any]] = {
     "cpu": {"ns": [4, 8, 16, 32, 64, 128, 256, 512, 1024], "width_ns": [4, 16, 64, 256, 1024], "seeds": [0, 1, 2],
             "widths": [32, 64, 128], "d_model": 64, "steps": 600, "batch": 256, "eval": 1000, "n_test": 512,
             "heads_n": 256},
+    # one GPU (the device is `auto`): the paper's alphabets, narrower models and a quarter of its steps;
+    # each model well under a minute of an H100 by FLOP count (not yet measured on one)
+    "gpu": {"ns": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096], "width_ns": [16, 64, 256, 1024, 4096],
+            "seeds": [0, 1, 2], "widths": [64, 128, 256, 512], "d_model": 256, "steps": 5000, "batch": 512,
+            "eval": 5000, "n_test": 2048, "heads_n": 1024},
     "paper": {"ns": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
               "width_ns": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096], "seeds": [0, 1, 2, 3, 4],
               "widths": [64, 128, 256, 512, 1024, 4096], "d_model": 512, "steps": 20_000, "batch": 512, "eval": 5000,
