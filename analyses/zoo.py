@@ -66,6 +66,13 @@ ENTRIES = [
              "on one thread): a learned, partial hop. #2 = 0.68, right whenever the parent is the letter d "
              "(the hop learned for one letter of six; python -m analyses.plateau --breakdown). Seed 0; seed 1 of "
              "the same recipe learns no letter"),
+    ZooEntry("lego-association", "lego-cpu",
+             ("model.planted={}", "task.n_letters=6", "train.batch_size=512", "train.steps=2500",
+              "train.eval_every=250", "train.checkpoint_every=250", "train.eval_size=1000", "train.seed=1"),
+             "no planted or mimicked heads: six letters at batch 512, 2,500 steps (about 30 minutes on one "
+             "thread): the hop learned for every letter (#2 = 1.00 from step 2,000, seed 1); the classifier "
+             "labels L2H3 association and L1H2 manipulation, and exact patching of the hop runs through "
+             "L1H3, L3H2 and L2H3"),
     ZooEntry("composite-symmetric", "composite-cpu", ("train.steps=600", "model.init_gamma=0.5"),
              "2 layers, gamma 0.5: answers held-out pairs symmetrically (cpu phase diagram)"),
     ZooEntry("composite-inferential", "composite-cpu", ("train.steps=600", "model.init_gamma=0.7"),

@@ -118,7 +118,7 @@ def test_every_report_says_how_the_model_got_its_heads(runs):
     assert "planted (hardcoded: layer 1 head 0 association" in planted and "zoo/lego-mimic-long" in planted
     assert "Heads: mimicked, then learned: 1500 steps" in summary("lego-mimic-long")
     assert "Heads: learned: random initialisation" in summary("composite-inferential")
-    assert [entry.origin for entry in ZOO.values()] == ["planted", "mimicked", "mimicked", "learned", "learned", "learned"]
+    assert [entry.origin for entry in ZOO.values()] == ["planted", "mimicked", "mimicked", "learned", "learned", "learned", "learned"]
 
 
 def test_the_hop_breakdown_reads_a_solved_hop_and_the_zero_hop_rule(runs):
@@ -146,3 +146,14 @@ def test_the_six_letter_model_learned_the_hop_for_one_letter_and_the_workbench_f
     assert "parent d (best answered)" in lines[5] and "L1H3" in lines[5]
     top = lines[6].split("metric at #2: ", 1)[1].split(", ")[0]  # exact patching where the hop works
     assert top.startswith("L1H3 +") and float(top.split("+")[1]) > 0.9
+
+
+def test_at_batch_512_a_plain_model_learns_the_hop_and_the_workbench_labels_its_association_heads(runs):
+    """RESULTS.md, "Batch 512": learned from random init, nothing planted or mimicked; #0-#2 right;
+    heads of layer 2 are labelled association, and the hop's effect on #2 runs through them."""
+    run = runs("lego-association")
+    assert run.config.heads_origin == "learned" and run.metrics[-1]["acc_per_var"][:3] == [1.0, 1.0, 1.0]
+    association = [head for head, label in enumerate(head_labels(run)[2]) if label == "association"]
+    assert association, "no layer-2 head labelled association"
+    effects = hop_head_effects(run)
+    assert max(float(effects[2, head]) for head in association) > 0.7  # L2H3: .82
