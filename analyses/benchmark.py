@@ -8,12 +8,23 @@ times on a noisy machine) carry the message.
   modes `train.compile` x `train.precision` offers, each timed after its own warm-up;
 - the denormal slowdown at large init (composite, gamma 0.3) with and without flush-to-zero.
 
-`--device cuda` (or `cpu`) instead measures the `lego-gpu` shape (8 layers, d 256, n = 12) on
-that device (`run_device_benchmark`): steps/s and tokens/s in the four training modes, achieved
-FLOP/s as a fraction of a bf16 matmul peak measured in the same run (fp32 where the device has
-no bf16 kernels), the time to sample, pin and copy one training batch beside the time of one
-step (the GPU waits for data unless sampling is shorter), and one exact head-by-position
-patching sweep against TransformerLens's on the same model. Every CUDA timing synchronises.
+`--device cuda` (or `cpu`) instead measures the `lego-gpu` shape (8 layers, d 256, n = 12; batch
+512 on CUDA, 8 or 32 on the CPU) on that device (`run_device_benchmark`):
+
+- steps/s and tokens/s in the four training modes, side by side;
+- achieved FLOP/s of each mode (one step's FLOPs counted by FlopCounterMode; the modes do the
+  same arithmetic) as a fraction of a bf16 matmul peak measured in the same run (8192 x 8192 on
+  CUDA; fp32 where the device has no bf16 kernels). The issue's target: >= 40% in the best mode;
+- whether the device waits for data: the time to sample one training batch on the CPU, pin it
+  and copy it, beside a step of the preset's mode with a fixed batch and with a fresh batch
+  sampled before each step as the trainer does (the host samples the next batch while the GPU
+  runs the step before, so on CUDA the two match unless sampling is the bottleneck);
+- one exact head-by-position patching sweep against TransformerLens's on a fresh model of the
+  shape (timing does not depend on training); on the CPU with 2 layers instead of 8, since
+  TransformerLens's loop, one forward pass per cell, grows with the square of the depth.
+
+Every timing on CUDA synchronises before it starts and before it ends (`best_time`, `timed`), or
+it would measure the kernel launches only.
 """
 
 from __future__ import annotations
@@ -27,8 +38,15 @@ from torch.utils.flop_counter import FlopCounterMode
 from analyses.bench_patching import best_times
 from models.factory import build_model, forward
 from models.presets import composite_cpu, lego_cpu, lego_gpu
-from models.train import bf16_supported, compiled_forward, supervised_loss, to_device, training_precision
-from tasks import CompositeConfig, LegoConfig, make_task, seeded_generator
+from models.train import (
+    bf16_supported,
+    check_compile,
+    compiled_forward,
+    supervised_loss,
+    to_device,
+    training_precision,
+)
+from tasks import Batch, CompositeConfig, ConfigError, LegoConfig, make_task, seeded_generator
 
 CPU = torch.device("cpu")
 
@@ -46,6 +64,16 @@ def best_time(fn: Callable[[], object], repeats: int, device: torch.device = CPU
     return best_times(lambda: (fn(), synchronize(device)), repeats)[0]
 
 
+def timed(fn: Callable[[], object], device: torch.device = CPU) -> tuple[object, float]:
+    """`fn()` and the wall-clock seconds it took, until the device finished: one run, for work
+    too long to repeat."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return result, time.perf_counter() - start
+
+
 def generation_rate(task_cfg, n: int, repeats: int) -> float:
     task, gen = make_task(task_cfg), seeded_generator(0)
     return n / best_time(lambda: task.sample(n, gen), repeats)
@@ -59,58 +87,78 @@ def matmul_peak(size: int = 1024, repeats: int = 20, device: torch.device = CPU,
 
 
 def training_step_fn(cfg, batch_size: int, compile: bool = False, precision: str = "fp32",
-                     count_flops: bool = True, device: torch.device = CPU) -> tuple[Callable[[], None], int, int]:
+                     count_flops: bool = True, device: torch.device = CPU) -> tuple[Callable[..., None], int, int]:
     """A closure doing one full training step on `device` as the trainer does it (compiled or
-    eager, fp32 or bf16 autocast; fused AdamW on CUDA), its FLOP count (0 unless `count_flops`)
-    and tokens per step. The first call (compilation, for a compiled step) happens here."""
+    eager, fp32 or bf16 autocast, gradient clipping; fused AdamW on CUDA), on a batch sampled
+    here or the one it is given; its FLOP count (0 unless `count_flops`) and tokens per step.
+    The first call (compilation, for a compiled step) happens here."""
     task = make_task(cfg.task)
     model = build_model(cfg.model, task, device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None)
-    batch = task.sample(batch_size, seeded_generator(0)).to(device)
+    sampled = task.sample(batch_size, seeded_generator(0)).to(device)
     run_forward = compiled_forward() if compile else forward
 
-    def step() -> None:
+    def step(batch: Batch = sampled) -> None:
         with training_precision(device, precision):
             logits = run_forward(model, batch.tokens, None)
         loss = supervised_loss(logits.float(), batch)
         optimizer.zero_grad()
         loss.backward()
+        if cfg.train.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         optimizer.step()
 
     step()
     if not count_flops:
-        return step, 0, batch.tokens.numel()
+        return step, 0, sampled.tokens.numel()
     with FlopCounterMode(display=False) as counter:
         step()
-    return step, counter.get_total_flops(), batch.tokens.numel()
+    return step, counter.get_total_flops(), sampled.tokens.numel()
 
 
 TRAINING_MODES = {"eager fp32": (False, "fp32"), "eager bf16": (False, "bf16"),
                   "compiled fp32": (True, "fp32"), "compiled bf16": (True, "bf16")}
 
 
-def training_modes(batch_sizes: tuple[int, ...], repeats: int, cfg=None, device: torch.device = CPU,
-                   shape: str = "lego-cpu shape, no planted heads") -> dict[str, float]:
-    """Steps/s of a model (default: the lego-cpu shape without planted heads) on `device` in
-    each training mode, side by side (each the best of `repeats` timings of a few steps); modes
-    the device cannot run are skipped."""
-    cfg = cfg or lego_cpu().with_overrides(["model.planted={}"])
+def mode_key(name: str, batch_size: int) -> str:
+    return f"{name.replace(' ', '_')}_b{batch_size}"
+
+
+def runnable_modes(device: torch.device) -> dict[str, tuple[bool, str]]:
+    """The training modes `device` can run here, after saying why each other one is skipped."""
     bf16 = bf16_supported(device)
-    results: dict[str, float] = {}
-    for batch_size in batch_sizes:
-        rates = {}
-        for name, (compiled, precision) in TRAINING_MODES.items():
-            if precision == "bf16" and not bf16:
-                continue
-            step, _, _ = training_step_fn(cfg, batch_size, compiled, precision, count_flops=False, device=device)
-            rates[name] = 3 / best_time(lambda step=step: [step() for _ in range(3)], repeats, device)
-            results[f"steps_per_s_{name.replace(' ', '_')}_b{batch_size}"] = rates[name]
-        eager = rates["eager fp32"]
-        cells = ", ".join(f"{name} {rate:.2f} (x{rate / eager:.2f})" for name, rate in rates.items())
-        print(f"training modes ({shape}, batch {batch_size}, {device.type}), steps/s: {cells}")
     if not bf16:
         print(f"  bf16 modes skipped: this {device.type} device has no bf16 matmul kernels "
               "(CPUs need AVX512-BF16 or AMX); train.precision=bf16 is refused here")
+    try:
+        check_compile(device, True)
+        compiles = True
+    except ConfigError as err:
+        print(f"  compiled modes skipped: {err}")
+        compiles = False
+    return {name: (compiled, precision) for name, (compiled, precision) in TRAINING_MODES.items()
+            if (bf16 or precision != "bf16") and (compiles or not compiled)}
+
+
+def training_modes(batch_sizes: tuple[int, ...], repeats: int, cfg=None, device: torch.device = CPU,
+                   shape: str = "lego-cpu shape, no planted heads") -> dict[str, float]:
+    """Steps/s and tokens/s of a model (default: the lego-cpu shape without planted heads) on
+    `device` in each training mode, side by side (each the best of `repeats` timings of a few
+    steps); modes the device cannot run are skipped, saying why."""
+    cfg = cfg or lego_cpu().with_overrides(["model.planted={}"])
+    modes = runnable_modes(device)
+    results: dict[str, float] = {}
+    for batch_size in batch_sizes:
+        rates = {}
+        for name, (compiled, precision) in modes.items():
+            step, _, tokens = training_step_fn(cfg, batch_size, compiled, precision, count_flops=False, device=device)
+            rates[name] = 3 / best_time(lambda step=step: [step() for _ in range(3)], repeats, device)
+            results[f"steps_per_s_{mode_key(name, batch_size)}"] = rates[name]
+            results[f"tokens_per_s_{mode_key(name, batch_size)}"] = rates[name] * tokens
+        eager = rates["eager fp32"]
+        cells = ", ".join(f"{name} {rate:.2f} (x{rate / eager:.2f}, {rate * tokens:,.0f} tokens/s)"
+                          for name, rate in rates.items())
+        print(f"training modes ({shape}, batch {batch_size}, {device.type}), steps/s: {cells}")
     return results
 
 
@@ -164,13 +212,24 @@ def run_benchmarks(quick: bool = False) -> dict[str, float]:
     return results
 
 
-def data_and_step_times(cfg, batch_size: int, device: torch.device, repeats: int) -> tuple[float, float]:
-    """Seconds to sample one training batch on the CPU and hand it to `device` as the trainer
-    does (pinned, non-blocking on CUDA), and seconds of one eager fp32 training step there."""
+def data_and_step_times(cfg, batch_size: int, device: torch.device, repeats: int,
+                        precision: str = "fp32") -> dict[str, float]:
+    """Whether `device` waits for data: seconds to sample one training batch on the CPU and hand
+    it to `device` as the trainer does (pinned, non-blocking on CUDA), and seconds per training
+    step in `precision` (compiled as `cfg` says) with one fixed batch and with a fresh batch
+    sampled and handed over before each step, as the trainer's loop does. The host samples the
+    next batch while the GPU runs the step before, so on CUDA the two steps take as long unless
+    sampling, with the step's launches, is the slower."""
     task, gen = make_task(cfg.task), seeded_generator(0)
-    data = best_time(lambda: to_device(task.sample(batch_size, gen, split="train"), device), repeats, device)
-    step, _, _ = training_step_fn(cfg, batch_size, count_flops=False, device=device)
-    return data, best_time(step, repeats, device)
+
+    def fresh_batch() -> Batch:
+        return to_device(task.sample(batch_size, gen, split="train"), device)
+
+    data = best_time(fresh_batch, repeats, device)
+    step, _, _ = training_step_fn(cfg, batch_size, cfg.train.compile, precision, count_flops=False, device=device)
+    fixed = best_time(lambda: [step() for _ in range(3)], repeats, device) / 3
+    fed = best_time(lambda: [step(fresh_batch()) for _ in range(3)], repeats, device) / 3
+    return {"data_s_per_batch": data, "step_s": fixed, "step_with_data_s": fed}
 
 
 def patching_times(cfg, device: torch.device, n_pairs: int, repeats: int) -> dict[str, float]:
@@ -183,50 +242,86 @@ def patching_times(cfg, device: torch.device, n_pairs: int, repeats: int) -> dic
     model = build_model(cfg.model, task, device=device)
     clean, corrupted = (b.to(device) for b in unaligned_pairs(task, n_pairs, 0))
     args = (model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, 0))
-    ours, theirs = patch_head_out_by_pos(*args).raw, transformer_lens_by_pos(*args)
+    ours = patch_head_out_by_pos(*args).raw
     t_ours = best_time(lambda: patch_head_out_by_pos(*args), repeats, device)
-    t_theirs = best_time(lambda: transformer_lens_by_pos(*args), repeats, device)
+    # TransformerLens's sweep is a loop of thousands of forward passes, the longest part of the
+    # CPU benchmark: its first run, timed, is also the reference to compare with
+    theirs, t_theirs = timed(lambda: transformer_lens_by_pos(*args), device)
+    if repeats > 1:
+        t_theirs = min(t_theirs, best_time(lambda: transformer_lens_by_pos(*args), repeats - 1, device))
     return {"patching_exact_s": t_ours, "patching_transformer_lens_s": t_theirs,
             "patching_speedup_vs_transformer_lens": t_theirs / t_ours,
             "patching_max_abs_diff": (ours.to(theirs.device) - theirs).abs().max().item()}
 
 
+def peak_matmul(device: torch.device) -> tuple[torch.dtype, int]:
+    """The square matmul whose FLOP/s stand for `device`'s peak: bf16 (fp32 where the device
+    has no bf16 kernels); on CUDA 8192 x 8192, large enough to keep every SM busy."""
+    return torch.bfloat16 if bf16_supported(device) else torch.float32, 8192 if device.type == "cuda" else 1024
+
+
+def fractions_of_peak(cfg, batch_size: int, device: torch.device, rates: dict[str, float], peak: float,
+                      peak_dtype: str) -> dict[str, float]:
+    """Achieved FLOP/s of each training mode timed in `rates` (`training_modes`'s results) as a
+    fraction of `peak`, and the best mode's steps/s and tokens/s. One eager fp32 step's FLOPs are
+    counted (FlopCounterMode): autocast and compilation change how the modes compute, not what."""
+    _, flops, tokens = training_step_fn(cfg, batch_size, device=device)
+    keys = {name: f"steps_per_s_{mode_key(name, batch_size)}" for name in TRAINING_MODES}
+    steps_per_s = {name: rates[key] for name, key in keys.items() if key in rates}
+    best = max(steps_per_s, key=steps_per_s.get)
+    results = {f"fraction_of_peak_{mode_key(name, batch_size)}": rate * flops / peak for name, rate in steps_per_s.items()}
+    results.update(train_flops_per_step=flops, train_steps_per_s=steps_per_s[best],
+                   train_tokens_per_s=steps_per_s[best] * tokens, fraction_of_peak=steps_per_s[best] * flops / peak)
+    cells = ", ".join(f"{name} {rate * flops / peak:.1%}" for name, rate in steps_per_s.items())
+    print(f"achieved FLOP/s ({flops / 1e9:.1f} GFLOP/step) as a fraction of the {peak_dtype} matmul peak: {cells}; "
+          f"best, {best}: {steps_per_s[best] * flops / 1e12:.3g} TFLOP/s = {results['fraction_of_peak']:.1%} "
+          "(target on a GPU: >= 40%)")
+    return results
+
+
+def print_data_wait(results: dict[str, float], batch_size: int, mode: str, device: torch.device) -> None:
+    data, fixed, fed = results["data_s_per_batch"], results["step_s"], results["step_with_data_s"]
+    if device.type != "cuda":
+        verdict = f"on the CPU sampling runs between the steps and adds {data / fixed:.1%} to each"
+    elif fed <= 1.05 * fixed:
+        verdict = "the GPU does not wait for data"
+    else:
+        verdict = "the GPU waits for data: sampling and launching a step take longer than the step"
+    print(f"data: {data * 1e3:.1f} ms to sample, pin and copy a batch of {batch_size}; a step ({mode}) takes "
+          f"{fixed * 1e3:.1f} ms on a fixed batch, {fed * 1e3:.1f} ms sampling each batch as the trainer does "
+          f"({fed / fixed - 1:+.1%}): {verdict}")
+
+
 def run_device_benchmark(device: torch.device, quick: bool = False) -> dict[str, float]:
     """The lego-gpu shape (d 256, 8 layers, n = 12) on `device`, every number side by side from
     this one run. On the CPU the batch is cut (a batch-512 step is over ten seconds there) and
-    so is the patching model's depth, so that the CPU run takes a minute or two."""
+    so is the patching model's depth, so that the CPU run takes a few minutes."""
     cfg = lego_gpu()
     cuda = device.type == "cuda"
     batch_size = cfg.train.batch_size if cuda else (8 if quick else 32)
-    repeats = 3 if quick else 10
-    bf16 = bf16_supported(device)
-    peak_dtype = torch.bfloat16 if bf16 else torch.float32
-    peak = matmul_peak(8192 if cuda else 1024, repeats, device, peak_dtype)
-    results: dict[str, float] = {"batch_size": batch_size, "matmul_peak_flops": peak}
-    print(f"device {device}{f' ({torch.cuda.get_device_name(device)})' if cuda else ''}: "
-          f"{'bf16' if bf16 else 'fp32 (no bf16 kernels)'} matmul peak {peak / 1e12:.2f} TFLOP/s")
+    repeats, n_pairs = (3, 8) if quick else (10, 32)
+    print(f"device {device}{f' ({torch.cuda.get_device_name(device)})' if cuda else ''}, lego-gpu shape, "
+          f"batch {batch_size}")
+    dtype, size = peak_matmul(device)
+    before = matmul_peak(size, 20, device, dtype)  # 20 short runs: the best comes near the peak on a shared machine too
+    results: dict[str, float] = {"batch_size": batch_size}
+    results.update(training_modes((batch_size,), repeats, cfg, device, shape="lego-gpu shape"))
+    # the better of before and after the training timings: a shared machine's load changes
+    results["matmul_peak_flops"] = peak = max(before, matmul_peak(size, 20, device, dtype))
+    peak_dtype = "bf16" if dtype == torch.bfloat16 else "fp32 (no bf16 kernels)"
+    print(f"{peak_dtype} matmul peak measured in this run: {peak / 1e12:.3g} TFLOP/s ({size}x{size}, the better "
+          "of before and after the training timings)")
+    results.update(fractions_of_peak(cfg, batch_size, device, results, peak, peak_dtype))
 
-    modes = training_modes((batch_size,), repeats, cfg, device, shape="lego-gpu shape")
-    results.update(modes)
-    precision = "bf16" if bf16 else "fp32"
-    step, flops, tokens = training_step_fn(cfg, batch_size, precision=precision, device=device)
-    seconds = best_time(step, repeats, device)
-    results.update(train_flops_per_step=flops, train_tokens_per_s=tokens / seconds, train_steps_per_s=1 / seconds,
-                   fraction_of_peak=flops / seconds / peak)
-    print(f"training (lego-gpu, batch {batch_size}, eager {precision}): {1 / seconds:.2f} steps/s, "
-          f"{tokens / seconds:,.0f} tokens/s, {flops / 1e9:.1f} GFLOP/step = {flops / seconds / 1e12:.2f} TFLOP/s, "
-          f"{flops / seconds / peak:.1%} of the {'bf16' if bf16 else 'fp32'} matmul peak (target on a GPU: >= 40%)")
-
-    data, step_s = data_and_step_times(cfg, batch_size, device, repeats)
-    results.update(data_s_per_batch=data, step_s=step_s)
-    verdict = "sampling is shorter: the device need not wait" if data < step_s else "sampling is longer than a step: the device waits"
-    print(f"data: {data * 1e3:.1f} ms to sample, pin and copy a batch of {batch_size}, beside {step_s * 1e3:.1f} ms "
-          f"for an eager fp32 step ({verdict})")
+    precision = cfg.train.precision if bf16_supported(device) else "fp32"
+    results.update(data_and_step_times(cfg, batch_size, device, repeats, precision))
+    print_data_wait(results, batch_size, f"{'compiled' if cfg.train.compile else 'eager'} {precision}", device)
 
     patch_cfg = cfg if cuda else cfg.with_overrides(["model.n_layers=2"])
-    patched = patching_times(patch_cfg, device, n_pairs=8 if quick else 32, repeats=1 if quick else 3)
+    patched = patching_times(patch_cfg, device, n_pairs, repeats=1 if quick else 3)
     results.update(patched)
-    print(f"exact patching by (layer, pos, head), {patch_cfg.model.n_layers} layers: ours {patched['patching_exact_s']:.2f} s, "
-          f"TransformerLens {patched['patching_transformer_lens_s']:.2f} s (x{patched['patching_speedup_vs_transformer_lens']:.1f}), "
+    print(f"exact patching by (layer, pos, head), {patch_cfg.model.n_layers} layers, {n_pairs} pairs: "
+          f"ours {patched['patching_exact_s']:.2f} s, TransformerLens {patched['patching_transformer_lens_s']:.2f} s "
+          f"(x{patched['patching_speedup_vs_transformer_lens']:.1f}), "
           f"max difference {patched['patching_max_abs_diff']:.1e}")
     return results

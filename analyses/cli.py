@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     study.add_argument("name", nargs="?", help="e.g. lego-extrapolation, composite-phase, templates-efficiency")
     study.add_argument("--list", action="store_true", help="list the studies and exit")
     study.add_argument("--scale", default="cpu", help="tiny (seconds, smoke test), cpu (default, < 30 min on 2 cores), "
-                                                      "gpu (one GPU, minutes per model) or paper (the papers' sizes)")
+                                                      "gpu (one GPU, <= 10 min per model) or paper (the papers' sizes)")
     study.add_argument("--out", type=Path, help="study folder (default runs/studies/<name>-<scale>)")
     study.add_argument("--workers", type=int, default=1, help="cells trained at once (default 1)")
     study.add_argument("--backend", choices=["local", "ray"], default="local", help="where cells run (default local)")
@@ -359,6 +359,9 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
+    if args.patching and args.device:
+        raise ConfigError(f"--patching times the run's own model on the CPU; drop --device {args.device} "
+                          "(--device alone times the same sweep on a fresh lego-gpu model on that device)")
     if args.patching:
         from analyses.bench_patching import agreement_at_init, print_report, run_patching_benchmark
         from models.runs import load_run
@@ -368,11 +371,15 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         results = run_patching_benchmark(run.model, run.task, repeats=repeats, label_index=args.label_index)
         print_report({**results, **agreement_at_init(run, 32, 0, args.label_index)})
         return 0
-    from analyses.benchmark import run_benchmarks, run_device_benchmark
-    from models.train import resolve_device
+    import torch
 
+    from analyses.benchmark import run_benchmarks, run_device_benchmark
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("benchmark --device cuda but no CUDA device is available (torch.cuda.is_available() "
+                          "is False); use --device cpu, or a machine with an NVIDIA GPU and a CUDA build of torch")
     if args.device:
-        run_device_benchmark(resolve_device(args.device), quick=args.quick)
+        run_device_benchmark(torch.device(args.device), quick=args.quick)
         return 0
     run_benchmarks(quick=args.quick)
     return 0

@@ -20,7 +20,8 @@ from typing import Any
 
 from tasks import ConfigError
 
-# tiny: seconds, for smoke tests; cpu: < 30 min on 2 cores; gpu: one GPU, minutes per model; paper: the papers' sizes
+# tiny: seconds, for smoke tests; cpu: < 30 min on 2 cores; gpu: one GPU, <= 10 min per model (by FLOP count);
+# paper: the papers' sizes
 SCALES = ("tiny", "cpu", "gpu", "paper")
 
 

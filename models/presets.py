@@ -1,5 +1,6 @@
-"""Named run configurations: `*-cpu` presets learn on 2 CPU cores in minutes; `*-paper` presets
-follow the papers' recipes (PAPERS.md) and want a GPU."""
+"""Named run configurations: `*-cpu` presets learn on 2 CPU cores in minutes; `*-gpu` presets ask
+for CUDA and bf16 and are sized by FLOP count to at most 10 minutes of one H100 each; `*-paper`
+presets follow the papers' recipes (PAPERS.md) and want a GPU."""
 
 from __future__ import annotations
 
@@ -57,8 +58,10 @@ def composite_cpu() -> RunConfig:
 def composite_gpu() -> RunConfig:
     """The paper's model shape and block (d_model 400, one head of d_k 200, FFN 1200, post-LN) at
     batch 2048 on fresh data, bf16, until the seen pairs stop improving (the stop rule: 5
-    evaluations of 200 steps) or 6,000 steps. About 0.2-0.7 TFLOP per step at depth 2-5: a few
-    minutes of one H100 by FLOP count (not yet measured on one)."""
+    evaluations of 200 steps; cpu runs stop at 900-1,600 steps of batch 256) or 6,000 steps.
+    By FLOP count, an estimate: 0.29-0.72 TFLOP per step at depth 2-5, at most 4.3 PFLOP a
+    model, under a minute at 100-200 TFLOP/s; so small a model is more likely bound by kernel
+    launches, minutes per model. Wall times are measured only where a GPU was at hand."""
     return RunConfig(
         task=CompositeConfig(),
         model=ModelConfig(n_layers=2, d_model=400, n_heads=1, d_head=200, d_mlp=1200, init_gamma=0.5,

@@ -11,10 +11,13 @@ it. Scales:
   the paper's *hybrid*: one planted association head in each of layers 1-3, the rest learned;
   "albert" ties all layers. "standard" is the plain model.
 - gpu: the `lego-gpu` preset for one GPU: n = 12, #0-#5 supervised (so #6-#11 measure
-  extrapolation), 8 layers of d 256, batch 512, bf16, 20,000 steps; sized by FLOP count to a few
-  minutes of an H100 per model (not yet measured on one). Its models are **plain**: nothing is
+  extrapolation), 8 layers of d 256 (12 for the deeper pair), batch 512, bf16, 20,000 steps.
+  Sized by FLOP count, an estimate: 1.25 TFLOP per step at 8 layers and 1.87 at 12 (torch's
+  FlopCounterMode, forward and backward), 25-37 PFLOP per model, 2-6 minutes at the 100-200
+  TFLOP/s an H100 reaches in bf16; wall times are measured only where a GPU was at hand
+  (analyses/RESULTS.md). Unlike the cpu and paper scales its models are **plain**: nothing is
   planted, so "bert" and "standard" are the same recipe and every head a study labels was
-  learned. Two seeds by default.
+  learned ("hardcoded" and "hybrid3" still plant their own). Two seeds by default.
 - paper: the paper's recipe (n = 12, #0-#5 supervised, BERT-base sizes); for a GPU.
 """
 
@@ -75,8 +78,9 @@ def variant(scale: str, kind: str, seed: int = 0, layers: int | None = None, **t
     """One model of the pool. kind: bert | albert | albert-sd (stochastic depth) | standard (no
     planted heads) | mimic (standard after mimicking pre-training) | hardcoded (association,
     manipulation and broadcast heads planted in every layer, nothing else) | hybrid3 (those three
-    planted in every layer plus as many learned heads). `layers` changes the depth; the planted
-    association heads then sit in every layer but the first, as in the base recipe."""
+    planted in every layer plus as many learned heads). `layers` changes the depth; a base with
+    planted association heads (tiny, cpu, paper) then has them in every layer but the first, as
+    in its recipe, and a plain base (gpu) stays plain."""
     cfg = base_config(scale)
     model, train = cfg.model, dataclasses.replace(cfg.train, seed=seed)
     if layers is not None and layers != model.n_layers:
@@ -100,15 +104,16 @@ def variant(scale: str, kind: str, seed: int = 0, layers: int | None = None, **t
 
 def seeds(ctx: StudyContext) -> list[int]:
     """The seeds of the comparisons: `--seeds` when given, else one at cpu scale (each model is
-    minutes of CPU), two at gpu scale and three for the paper. Studies that analyse a single model (percolation,
-    shortcut) take the first."""
+    minutes of CPU), two at gpu scale and three for the paper. Studies that analyse a single
+    model (shortcut) take the first."""
     return ctx.seeds_or({"paper": [0, 1, 2], "gpu": [0, 1]}.get(ctx.scale, [0]))
 
 
 def depths(scale: str) -> list[int]:
     """Depths of the extrapolation comparison. A for-loop needs about one layer per chain step
     (the probe map of the 4-layer ALBERT reaches depth 2 at its last layer), so 4 layers cannot
-    compute #3 however they are trained; 6 leave room to extrapolate."""
+    compute #3 however they are trained; 6 leave room to extrapolate. gpu: 8 and 12 layers, so
+    the deeper pair has a layer per chain step up to #11."""
     return {"tiny": [2, 3], "cpu": [4, 6], "gpu": [8, 12], "paper": [12]}[scale]
 
 

@@ -36,18 +36,20 @@ VARIANTS = {"plain": False, "augmented": True}
 ERROR_TARGET = 0.05  # copy-vs-width: "learned" means test error below this (the paper's criterion)
 
 # per scale: training alphabet sizes (ns: efficiency; width_ns: copy-width, coarser at cpu scale because
-# its widest cells cost ~4x more), seeds, widths, steps, batch size, eval samples
+# its widest cells cost ~4x more), seeds, widths, steps, batch size, eval samples; device and precision
+# where not TrainConfig's defaults (auto, fp32)
 SCALES: dict[str, dict[str, Any]] = {
     "tiny": {"ns": [4, 8], "width_ns": [4, 8], "seeds": [0], "widths": [16], "d_model": 16, "steps": 10, "batch": 16,
              "eval": 32, "n_test": 32, "heads_n": 8},
     "cpu": {"ns": [4, 8, 16, 32, 64, 128, 256, 512, 1024], "width_ns": [4, 16, 64, 256, 1024], "seeds": [0, 1, 2],
             "widths": [32, 64, 128], "d_model": 64, "steps": 600, "batch": 256, "eval": 1000, "n_test": 512,
             "heads_n": 256},
-    # one GPU (the device is `auto`): the paper's alphabets, narrower models and a quarter of its steps;
-    # each model well under a minute of an H100 by FLOP count (not yet measured on one)
+    # one GPU (CUDA, bf16): the paper's alphabets, narrower models and a quarter of its steps. By FLOP
+    # count, an estimate: at most 0.16 TFLOP per step (copy, d 512, n 4096), 0.8 PFLOP a model, seconds
+    # of an H100; 5,000 steps of so small a model are bound by kernel launches, a minute or two
     "gpu": {"ns": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096], "width_ns": [16, 64, 256, 1024, 4096],
             "seeds": [0, 1, 2], "widths": [64, 128, 256, 512], "d_model": 256, "steps": 5000, "batch": 512,
-            "eval": 5000, "n_test": 2048, "heads_n": 1024},
+            "eval": 5000, "n_test": 2048, "heads_n": 1024, "device": "cuda", "precision": "bf16"},
     "paper": {"ns": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
               "width_ns": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096], "seeds": [0, 1, 2, 3, 4],
               "widths": [64, 128, 256, 512, 1024, 4096], "d_model": 512, "steps": 20_000, "batch": 512, "eval": 5000,
@@ -66,7 +68,7 @@ def cell_config(scale: str, template: str, n: int, augmented: bool, seed: int = 
         model=ModelConfig(n_layers=2, d_model=d, n_heads=4, identity_attention=augmented, fixed_embeddings=True),
         train=TrainConfig(steps=s["steps"], batch_size=s["batch"], lr=3e-3, warmup_steps=min(50, s["steps"] // 5),
                           eval_every=max(1, s["steps"] // 4), eval_size=s["eval"], checkpoint_every=s["steps"],
-                          seed=seed),
+                          seed=seed, device=s.get("device", "auto"), precision=s.get("precision", "fp32")),
     )
 
 
