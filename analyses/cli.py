@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("run_dir", type=Path)
     analyze.add_argument("--samples", type=int, default=512, help="test sentences for head scores (default 512)")
     analyze.add_argument("--seed", type=int, default=0)
+    analyze.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu",
+                         help="where the model and its batches run (default: cpu, whatever device trained the run, so "
+                              "the numbers are the same on every machine; cuda agrees within fp32 rounding; "
+                              "auto = CUDA when present)")
     analyze.set_defaults(run=_cmd_analyze)
 
     report = sub.add_parser("report", help="(re)write report.html of a trained run")
@@ -76,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     study.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="composite studies: override every cell's base config, e.g. --set model.norm_position=post "
                             "(repeatable; needs --out)")
+    study.add_argument("--gammas", type=_gamma_pair, metavar="SMALL,LARGE",
+                       help="composite-mechanism: the two init rates to contrast (default: the scale's; the paper's "
+                            "pair is 0.5,0.8)")
     study.add_argument("--no-progress", action="store_true", help="no progress bars")
     study.set_defaults(run=_cmd_study)
 
@@ -264,15 +271,17 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from interp.analysis import analyze_run, task_analysis, write_analysis
     from interp.run_report import write_run_report
     from models.runs import load_run
+    from models.train import resolve_device
 
     if not (args.run_dir / "model.safetensors").exists():
         raise ConfigError(f"{args.run_dir} holds no trained model (model.safetensors); train it first")
-    run = load_run(args.run_dir)
-    analysis = analyze_run(run, n_samples=args.samples, seed=args.seed)
+    device = resolve_device(args.device, setting="analyze --device")
+    run = load_run(args.run_dir, device=device)
+    analysis = analyze_run(run, n_samples=args.samples, seed=args.seed, device=device)
     json_path = write_analysis(run, analysis)
     report_path = write_run_report(run, analysis=analysis)
     print(task_analysis(analysis.task).headline(analysis.verdict))
-    print(f"wrote {json_path} and {report_path} in {analysis.seconds:.0f} s")
+    print(f"wrote {json_path} and {report_path} in {analysis.seconds:.0f} s on {device.type}")
     return 0
 
 
@@ -281,6 +290,13 @@ def _seed_list(raw: str) -> tuple[int, ...]:
         return tuple(int(part) for part in raw.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a comma-separated list of integers") from None
+
+
+def _gamma_pair(raw: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in raw.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not two comma-separated init rates, e.g. 0.5,0.8") from None
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
@@ -295,7 +311,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results = run_study(args.name, args.out, args.scale, workers=args.workers, backend=args.backend,
                         address=args.address, progress=not args.no_progress, seeds=args.seeds,
-                        overrides=args.overrides)
+                        overrides=args.overrides, gammas=args.gammas)
     print(json.dumps(results.get("headline", {}), default=str))
     print(f"study {args.name} ({args.scale}) finished in {time.perf_counter() - started:.0f} s; "
           f"see {results.get('report', 'its folder')}")

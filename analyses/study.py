@@ -67,6 +67,7 @@ class StudyContext:
     progress: bool = True
     seeds: tuple[int, ...] | None = None  # `--seeds 0,1`: replaces the study's own seeds
     overrides: tuple[str, ...] = ()  # `--set model.norm_position=post`: applied to every cell's base config
+    gammas: tuple[float, float] | None = None  # `--gammas 0.5,0.8`: a contrast study's two init rates
 
     def seeds_or(self, default: list[int]) -> list[int]:
         """The seeds to train: the caller's when given, else the study's default for its scale."""
@@ -88,6 +89,8 @@ class StudyContext:
         if self.seeds:
             parts.append(f"--seeds {','.join(map(str, self.seeds))}")
         parts += [f"--set {shlex.quote(o)}" for o in self.overrides]
+        if self.gammas:
+            parts.append(f"--gammas {','.join(map(str, self.gammas))}")
         return " ".join(parts)
 
     def finish(self, title: str, sections: Sequence[tuple[str, str]], results: dict[str, Any],
@@ -118,6 +121,7 @@ class Study:
     run: Callable[[StudyContext], dict[str, Any]]  # writes report.html and results.json, returns the results
     # the config its cells start from, given the scale and `--set` overrides; None: no --set
     base_config: Callable[[str, Sequence[str]], Any] | None = None
+    takes_gammas: bool = False  # a small- vs large-gamma contrast: `--gammas SMALL,LARGE` picks the pair
 
 
 def all_studies() -> dict[str, Study]:
@@ -132,6 +136,17 @@ def all_studies() -> dict[str, Study]:
                 raise RuntimeError(f"two studies are named {study.name!r}")
             found[study.name] = study
     return found
+
+
+def _check_gammas(name: str, study: Study, gammas: Sequence[float]) -> tuple[float, float]:
+    if not study.takes_gammas:
+        takers = sorted(n for n, s in all_studies().items() if s.takes_gammas)
+        raise ConfigError(f"study {name!r} does not take --gammas; {', '.join(takers)} does")
+    if len(gammas) != 2 or not all(isinstance(g, float | int) and not isinstance(g, bool) and 0 < g < 10
+                                   for g in gammas) or not gammas[0] < gammas[1]:
+        raise ConfigError(f"--gammas {','.join(map(str, gammas))} must be two init rates SMALL,LARGE with "
+                          "0 < SMALL < LARGE (e.g. 0.5,0.8)")
+    return float(gammas[0]), float(gammas[1])
 
 
 def default_out(name: str, scale: str) -> Path:
@@ -163,6 +178,8 @@ def run_study(name: str, out: str | Path | None = None, scale: str = "cpu", **op
         if out is None:
             raise ConfigError("--set changes every cell, so name a study folder of its own with --out")
         study.base_config(scale, options["overrides"])  # a bad value is refused before anything is written
+    if options.get("gammas") is not None:
+        options["gammas"] = _check_gammas(name, study, options["gammas"])
     path = Path(out) if out is not None else default_out(name, scale)
     path.mkdir(parents=True, exist_ok=True)
     return study.run(StudyContext(out=path, study=name, scale=scale, **options))

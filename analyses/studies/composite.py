@@ -13,6 +13,7 @@ its mirror pair (x-6)?
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -48,7 +49,8 @@ def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
                          train=TrainConfig(steps=10, batch_size=32, warmup_steps=2, eval_every=5, eval_size=64,
                                            checkpoint_every=10))
     elif scale == "cpu":
-        base = get_preset("composite-cpu").with_overrides(["train.steps=600"])
+        cpu = get_preset("composite-cpu")
+        base = dataclasses.replace(cpu, train=dataclasses.replace(cpu.train, steps=600))
     elif scale == "gpu":
         base = get_preset("composite-gpu")
     else:
@@ -65,7 +67,8 @@ def phase_grid(scale: str) -> dict[str, list[Any]]:
         return {"train.seed": [0, 1], "model.init_gamma": [0.3, 0.5, 0.7, 0.9], "model.n_layers": [2, 3, 4]}
     if scale == "gpu":
         return {"train.seed": [0, 1], "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], "model.n_layers": [2, 3, 4, 5]}
-    return {"train.seed": [0, 1, 2], "train.lr": [1e-4, 2e-4, 3e-4],
+    # paper: 3 seeds x 9 learning rates uniformly in [1e-4, 3e-4] per cell (PAPERS.md section 2)
+    return {"train.seed": [0, 1, 2], "train.lr": [round(1e-4 + i * 2.5e-5, 7) for i in range(9)],
             "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], "model.n_layers": [2, 3, 4, 5, 6]}
 
 
@@ -76,12 +79,20 @@ def with_seeds(grid: dict[str, list[Any]], ctx: StudyContext) -> dict[str, list[
     return {"train.seed": list(ctx.seeds), **{k: v for k, v in grid.items() if k != "train.seed"}}
 
 
-def contrast_gammas(scale: str) -> dict[str, float]:
-    """The gammas of the mechanism study's symmetric and inferential models (paper: 0.5 vs 0.8;
-    cpu: 0.5 vs 0.7, the symmetric and inferential depth-2 cells of the cpu phase diagram,
-    whose gamma 0.9 cells answered symmetrically; gpu: the paper's, at its width)."""
+def contrast_gammas(scale: str, chosen: tuple[float, float] | None = None) -> dict[str, float]:
+    """The gammas of the mechanism study's two models: `chosen` (`--gammas SMALL,LARGE`), else
+    the scale's (paper: 0.5 vs 0.8; cpu: 0.5 vs 0.7, the symmetric and inferential depth-2
+    cells of the pre-LN cpu phase diagram, whose gamma 0.9 cells answered symmetrically; gpu:
+    the paper's, at its width)."""
+    if chosen is not None:
+        return {"small_gamma": chosen[0], "large_gamma": chosen[1]}
     return {"tiny": {"small_gamma": 0.3, "large_gamma": 0.9}, "cpu": {"small_gamma": 0.5, "large_gamma": 0.7},
             "gpu": {"small_gamma": 0.5, "large_gamma": 0.8}, "paper": {"small_gamma": 0.5, "large_gamma": 0.8}}[scale]
+
+
+def with_model(cfg: RunConfig, **changes: Any) -> RunConfig:
+    """`cfg` with its model section changed (validated like any other config)."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **changes))
 
 
 def lr_wd_grid(scale: str) -> dict[str, list[Any]]:
@@ -113,6 +124,17 @@ def cell_measures(run: LoadedRun, n: int, seed: int = 0) -> dict[str, Any]:
         "embedding_top1": round(leading_share(spectrum, 1), 4), "embedding_top3": round(leading_share(spectrum, 3), 4),
         "embedding_spectrum": [round(x, 4) for x in spectrum[:8].tolist()],
     }
+
+
+def train_and_measure(ctx: StudyContext, base: RunConfig, grid: dict[str, list[Any]]
+                      ) -> tuple[dict[str, dict[str, Any]], dict[str, CellResult], dict[str, dict[str, Any]]]:
+    """The cell loop of the grid studies (phase, lr-wd): every combination of `grid` on `base`,
+    trained (or found finished) under runs/, then measured. Returns each cell's grid point, its
+    training result and its measures, by cell name."""
+    cells = grid_cells(base, grid)
+    points = dict(zip(cells, grid_points(grid)))
+    trained = ctx.run_cells(cells, "runs")
+    return points, trained, _measure_cells(ctx, trained, "runs")
 
 
 def _measure_cells(ctx: StudyContext, results: dict[str, CellResult], subdir: str) -> dict[str, dict[str, Any]]:
@@ -212,11 +234,9 @@ def phase_figure(table: dict[str, dict[str, Any]]) -> plt.Figure:
 def run_phase(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
     grid = with_seeds(phase_grid(ctx.scale), ctx)
-    cells = grid_cells(base_config(ctx.scale, ctx.overrides), grid)
-    points = dict(zip(cells, grid_points(grid)))
-    trained = ctx.run_cells(cells, "runs")
-    measured = _measure_cells(ctx, trained, "runs")
-    table = aggregate_phase(points, measured, base_config(ctx.scale, ctx.overrides).model.d_model)
+    base = base_config(ctx.scale, ctx.overrides)
+    points, trained, measured = train_and_measure(ctx, base, grid)
+    table = aggregate_phase(points, measured, base.model.d_model)
     verdicts = {key: cell["verdict"] for key, cell in table.items()}
     headline = {
         "verdicts (gamma,depth)": verdicts,
@@ -241,7 +261,7 @@ def run_phase(ctx: StudyContext) -> dict[str, Any]:
          "emb top-1", "emb top-3", "train s"]))]
     return ctx.finish(f"composite-phase ({ctx.scale}): initialisation rate x depth", sections, {
         "headline": headline, "table": table, "cells": measured, "grid": grid,
-        "base": base_config(ctx.scale, ctx.overrides).to_dict(), "seconds": round(time.perf_counter() - started, 1)})
+        "base": base.to_dict(), "seconds": round(time.perf_counter() - started, 1)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,9 +296,13 @@ def mechanism_measures(run: LoadedRun, scale: str) -> dict[str, Any]:
     }
 
 
-def contrast_cells(scale: str, overrides: Sequence[str] = ()) -> dict[str, RunConfig]:
-    base = base_config(scale, overrides).with_overrides(["model.n_layers=2", "train.seed=0"])
-    return {name: base.with_overrides([f"model.init_gamma={gamma}"]) for name, gamma in contrast_gammas(scale).items()}
+def contrast_cells(scale: str, overrides: Sequence[str] = (), gammas: tuple[float, float] | None = None
+                   ) -> dict[str, RunConfig]:
+    """The mechanism study's two 2-layer models, seed 0, at the contrast gammas (`gammas`, else
+    the scale's), on the base config with the study's `--set` overrides."""
+    base = with_model(base_config(scale, overrides), n_layers=2)
+    base = dataclasses.replace(base, train=dataclasses.replace(base.train, seed=0))
+    return {name: with_model(base, init_gamma=gamma) for name, gamma in contrast_gammas(scale, gammas).items()}
 
 
 def _flow_rows(measures: dict[str, dict[str, Any]]) -> list[list[Any]]:
@@ -314,7 +338,7 @@ def flow_figure(measures: dict[str, dict[str, Any]]):
 
 def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
-    cells = contrast_cells(ctx.scale, ctx.overrides)
+    cells = contrast_cells(ctx.scale, ctx.overrides, ctx.gammas)
     trained = ctx.run_cells(cells, "runs")
     measures = {name: ({"status": r.status} if r.status != "done"
                        else mechanism_measures(load_run(ctx.out / "runs" / name), ctx.scale))
@@ -337,7 +361,7 @@ def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
     headline = {name: {k: m.get(k) for k in ("verdict", "held_out_inferential", "held_out_symmetric",
                                              "cosine_same_target")} for name, m in measures.items()}
     return ctx.finish(f"composite-mechanism ({ctx.scale}): small vs large initialisation rate, 2 layers", sections, {
-        "headline": headline, "models": measures, "gammas": contrast_gammas(ctx.scale),
+        "headline": headline, "models": measures, "gammas": contrast_gammas(ctx.scale, ctx.gammas),
         "seconds": round(time.perf_counter() - started, 1)})
 
 
@@ -348,16 +372,14 @@ def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
 def lr_wd_base(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
     """Depth 2 at gamma 0.5, where the paper (and our cpu phase diagram) finds symmetric
     solutions: can a larger learning rate or weight decay move it to inference?"""
-    return base_config(scale, overrides).with_overrides(["model.n_layers=2", "model.init_gamma=0.5"])
+    return with_model(base_config(scale, overrides), n_layers=2, init_gamma=0.5)
 
 
 def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
     grid = with_seeds(lr_wd_grid(ctx.scale), ctx)
-    cells = grid_cells(lr_wd_base(ctx.scale, ctx.overrides), grid)
-    points = dict(zip(cells, grid_points(grid)))
-    trained = ctx.run_cells(cells, "runs")
-    measured = _measure_cells(ctx, trained, "runs")
+    base = lr_wd_base(ctx.scale, ctx.overrides)
+    points, _, measured = train_and_measure(ctx, base, grid)
     rows = [[points[n].get("train.lr"), points[n].get("train.weight_decay"), points[n].get("train.seed", 0),
              m.get("verdict"), m.get("seen_accuracy"), m.get("held_out_inferential"), m.get("held_out_symmetric"),
              m.get("cosine_same_target"), (m.get("query_condensation") or {}).get("share_aligned"),
@@ -367,7 +389,7 @@ def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
     headline = {n: {"verdict": m.get("verdict"), "x-10": m.get("held_out_inferential"), "x-6": m.get("held_out_symmetric")}
                 for n, m in measured.items()}
     return ctx.finish(f"composite-lr-wd ({ctx.scale}): learning rate x weight decay, depth 2, gamma 0.5", sections, {
-        "headline": headline, "cells": measured, "grid": grid, "base": lr_wd_base(ctx.scale, ctx.overrides).to_dict(),
+        "headline": headline, "cells": measured, "grid": grid, "base": base.to_dict(),
         "seconds": round(time.perf_counter() - started, 1)})
 
 
@@ -375,7 +397,8 @@ STUDIES = [
     Study("composite-phase", "composite: verdict per (init rate gamma, depth), the paper's Figure 2", run_phase,
           base_config=base_config),
     Study("composite-mechanism", "composite: small vs large gamma 2-layer models: attention, patching, probes, "
-                                 "vectors, complexity (Figures 3-5)", run_mechanism, base_config=base_config),
+                                 "vectors, complexity (Figures 3-5)", run_mechanism, base_config=base_config,
+          takes_gammas=True),
     Study("composite-lr-wd", "composite: learning rate x weight decay push toward inference (finding 5)", run_lr_wd,
           base_config=base_config),
 ]

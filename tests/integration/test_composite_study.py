@@ -114,3 +114,23 @@ def test_a_sweeps_index_gives_the_phase_protocols_table():
     row = table["0.7,2"]
     assert row["seeds"] == 2 and row["seed_verdicts"] == ["inferential", "symmetric"]
     assert row["held_out_inferential"] == pytest.approx(0.5) and row["init_std"] == pytest.approx(128 ** -0.7, abs=1e-5)
+
+
+def test_gammas_pick_the_mechanism_studys_pair_and_other_studies_refuse_them(tmp_path, capsys):
+    from analyses.cli import main
+    from models.runs import read_config
+
+    results = run_study("composite-mechanism", tmp_path, "tiny", progress=False, gammas=(0.5, 0.8),
+                        overrides=["model.norm_position=post"])
+    assert results["gammas"] == {"small_gamma": 0.5, "large_gamma": 0.8}
+    trained = {d.name: read_config(d).model for d in (tmp_path / "runs").iterdir() if d.is_dir()}
+    assert {name: (m.init_gamma, m.n_layers, m.norm_position) for name, m in trained.items()} == {
+        "small_gamma": (0.5, 2, "post"), "large_gamma": (0.8, 2, "post")}  # --set no longer undoes the pair
+    assert "--gammas 0.5,0.8" in (tmp_path / "report.html").read_text()
+    for argv, says in [(["composite-phase", "--gammas", "0.5,0.8"], "does not take --gammas"),
+                       (["composite-mechanism", "--gammas", "0.8,0.5"], "0 < SMALL < LARGE"),
+                       (["composite-mechanism", "--gammas", "0.5"], "0 < SMALL < LARGE"),
+                       (["composite-mechanism", "--gammas", "0.5,nan"], "0 < SMALL < LARGE")]:
+        out = tmp_path / "refused"
+        assert main(["study", *argv, "--scale", "tiny", "--out", str(out)]) == 2
+        assert says in capsys.readouterr().err and not out.exists()
