@@ -7,8 +7,10 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
 import platform
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -160,6 +162,53 @@ def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
         raise RunFolderError(f"{path} is damaged ({type(err).__name__}: {err})") from None
 
 
+def _count(text: str) -> int:
+    if int(text) < 0:
+        raise ValueError
+    return int(text)
+
+
+def _finite(text: str) -> float:
+    if not math.isfinite(float(text)):
+        raise ValueError
+    return float(text)
+
+
+def _sha256(text: str) -> str:
+    if not re.fullmatch("[0-9a-f]{64}", text):
+        raise ValueError
+    return text
+
+
+# a train state's metadata: field -> (parser, what the field must be)
+TRAIN_STATE_META = {"step": (_count, "an integer >= 0"), "elapsed": (_finite, "a finite number"),
+                    "loss_sum": (_finite, "a finite number"), "loss_count": (_count, "an integer >= 0"),
+                    "digest": (_sha256, "a sha256 hex digest")}
+
+
+def read_train_state(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """A train state's tensors and its parsed metadata (TRAIN_STATE_META). RunFolderError naming
+    the file and the field when a field is missing or malformed, or when the weights in it do not
+    match the digest stored with them: a train state that contradicts itself is never resumed."""
+    tensors, raw = read_tensors(path)
+    meta = {}
+    for name, (parse, kind) in TRAIN_STATE_META.items():
+        if name not in raw:
+            raise RunFolderError(f"{path} lacks meta.{name}; it is damaged or was not written by this workbench")
+        try:
+            meta[name] = parse(raw[name])
+        except ValueError:
+            raise RunFolderError(f"{path}: meta.{name}={raw[name]!r} is not {kind}; the train state is damaged") from None
+    weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    missing = [name for name in ("rng.data", "rng.depth") if name not in tensors] + ([] if weights else ["model.*"])
+    if missing:
+        raise RunFolderError(f"{path} lacks {', '.join(missing)}; it is damaged or was not written by this workbench")
+    if weights_digest(weights) != meta["digest"]:
+        raise RunFolderError(f"{path}: its weights do not match the digest stored with them (meta.digest); the train "
+                             f"state is corrupt and resuming it would continue from wrong weights")
+    return tensors, meta
+
+
 def write_config(run_dir: Path, cfg: RunConfig) -> None:
     payload = {**cfg.to_dict(), "versions": package_versions()}
     atomic_write_bytes(run_dir / CONFIG, json.dumps(payload, indent=2).encode())
@@ -244,13 +293,20 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> LoadedRun:
     return LoadedRun(run_dir, cfg, task, model, read_metrics(run_dir))
 
 
-def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor]) -> None:
+def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str | Path = "the weights file") -> None:
+    """Copy `tensors` into the model's parameters; RunFolderError naming `source` when one is
+    missing or of another shape."""
     from models.factory import unique_parameters
 
     params = unique_parameters(model)
     missing = set(params) - set(tensors)
     if missing:
-        raise RunFolderError(f"the weights file lacks {sorted(missing)[:5]}...; was it written for another config?")
+        raise RunFolderError(f"{source} lacks {sorted(missing)[:5]}...; was it written for another config?")
+    wrong = {name: (tuple(tensors[name].shape), tuple(p.shape)) for name, p in params.items() if tensors[name].shape != p.shape}
+    if wrong:
+        listed = ", ".join(f"{name} {theirs} vs {ours}" for name, (theirs, ours) in list(wrong.items())[:3])
+        raise RunFolderError(f"{source} holds weights of another shape than the config's model ({listed}); was it "
+                             f"written for another config?")
     with torch.no_grad():
         for name, param in params.items():
             param.copy_(tensors[name])

@@ -41,6 +41,7 @@ from models.runs import (
     read_config,
     read_metrics,
     read_tensors,
+    read_train_state,
     run_lock,
     run_state,
     save_tensors,
@@ -51,6 +52,7 @@ from tasks import Batch, ConfigError, logits_at_labels, make_task, seeded_genera
 
 IDENTITY_SCALARS = ("identity_a", "identity_b")  # models/identity_attention.py
 EVAL_CHUNK = 1000  # samples per evaluation forward pass; bounds memory on long sequences
+ADAMW_STATE = {"step", "exp_avg", "exp_avg_sq"}  # what AdamW keeps per parameter (optim.<index>.<name>)
 
 
 class TrainingDiverged(RuntimeError):
@@ -402,23 +404,26 @@ class Trainer:
                           stacklevel=2)
             self._begin_at_step_0()
             return
-        tensors, meta = read_tensors(path)
-        if not {"step", "elapsed", "loss_sum", "loss_count", "rng.data"} <= set(meta) | set(tensors):
-            raise RunFolderError(f"{path} lacks the fields of a train state; it was not written by this workbench")
+        tensors, meta = read_train_state(path)  # every field present, and its weights match their digest
+        if meta["step"] > self.cfg.train.steps:
+            raise RunFolderError(f"{path}: meta.step={meta['step']} is beyond train.steps={self.cfg.train.steps} of {CONFIG}")
         weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-        load_weights(self.model, weights)
-        self._load_optimizer_state(tensors)
-        self.data_gen.set_state(tensors["rng.data"])
-        self.depth_gen.set_state(tensors["rng.depth"])
-        self.step, self.elapsed = int(meta["step"]), float(meta["elapsed"])
-        self.loss_sum.fill_(float(meta["loss_sum"]))
-        self.loss_count = int(meta["loss_count"])
+        load_weights(self.model, weights, source=path)
+        self._load_optimizer_state(tensors, path)
+        for name, gen in (("rng.data", self.data_gen), ("rng.depth", self.depth_gen)):
+            try:
+                gen.set_state(tensors[name])
+            except (RuntimeError, TypeError) as err:
+                raise RunFolderError(f"{path}: {name} is not a random generator's state ({err})") from None
+        self.step, self.elapsed = meta["step"], meta["elapsed"]
+        self.loss_sum.fill_(meta["loss_sum"])
+        self.loss_count = meta["loss_count"]
         self._restore_weights_file(weights, meta)
         kept = [r for r in read_metrics(self.run_dir) if r["step"] <= self.step and not r.get("diverged")]
         (self.run_dir / METRICS).write_text("".join(json.dumps(r) + "\n" for r in kept))
 
-    def _restore_weights_file(self, weights: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
-        stamp = {"step": meta["step"], "digest": meta.get("digest") or weights_digest(weights)}
+    def _restore_weights_file(self, weights: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        stamp = {"step": str(meta["step"]), "digest": meta["digest"]}
         path = self.run_dir / WEIGHTS
         try:
             stored, stored_meta = read_tensors(path)
@@ -431,12 +436,24 @@ class Trainer:
         warnings.warn(f"{path}: {problem}; rewritten from {TRAIN_STATE}", stacklevel=2)
         save_tensors(path, weights, stamp)
 
-    def _load_optimizer_state(self, tensors: dict[str, torch.Tensor]) -> None:
+    def _load_optimizer_state(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+        """AdamW's moments from the train state, checked against the model's parameters (a
+        parameter that never had a gradient, like a block stochastic depth skipped, has none)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         state: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in tensors.items():
             if key.startswith("optim."):
-                _, index, name = key.split(".", 2)
+                index, _, name = key[len("optim."):].partition(".")
+                if not index.isdigit() or int(index) >= len(params):
+                    raise RunFolderError(f"{path}: {key} belongs to no parameter of this model ({len(params)} parameters)")
                 state.setdefault(int(index), {})[name] = value if name == "step" else value.to(self.device)
+        for index, entry in state.items():
+            if set(entry) != ADAMW_STATE:
+                raise RunFolderError(f"{path}: optim.{index} holds {sorted(entry)}, not AdamW's {sorted(ADAMW_STATE)}")
+            for name in ("exp_avg", "exp_avg_sq"):
+                if entry[name].shape != params[index].shape:
+                    raise RunFolderError(f"{path}: optim.{index}.{name} has shape {tuple(entry[name].shape)}, its "
+                                         f"parameter {tuple(params[index].shape)}")
         template = self.optimizer.state_dict()
         self.optimizer.load_state_dict({"state": state, "param_groups": template["param_groups"]})
 

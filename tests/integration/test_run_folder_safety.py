@@ -225,3 +225,69 @@ def test_commands_on_a_missing_run_folder_exit_2_naming_it(tmp_path, capsys, com
     assert main([*command, str(missing)]) == 2
     assert str(missing) in capsys.readouterr().err
     assert not missing.exists()
+
+
+def _killed_at_step_5_of_8(out: Path, monkeypatch) -> None:
+    """A run of 8 steps killed after its checkpoint at step 4."""
+    from tests.helpers import Killed
+
+    trainer = Trainer(tiny_composite_run(steps=8, eval_every=4, checkpoint_every=4), out, progress=False)
+    original = trainer._train_step
+
+    def dying_step(batch):
+        if trainer.step == 5:
+            raise Killed
+        return original(batch)
+
+    monkeypatch.setattr(trainer, "_train_step", dying_step)
+    with pytest.raises(Killed):
+        trainer.fit()
+
+
+def _shifted(tensors: dict, meta: dict) -> None:
+    name = next(k for k in tensors if k.startswith("model."))
+    tensors[name] = tensors[name] + 1.0
+
+
+def _reshaped_weights(tensors: dict, meta: dict) -> None:  # with a digest that matches, so only the shape is wrong
+    from models.runs import weights_digest
+
+    name = next(k for k in tensors if k.startswith("model.") and tensors[k].dim() == 2)
+    tensors[name] = tensors[name].t().contiguous()
+    meta["digest"] = weights_digest({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+
+
+TRAIN_STATE_DAMAGE = {  # name: (damage, what the message must say)
+    "a weight shifted by 1.0": (_shifted, "digest"),
+    "rng.depth missing": (lambda t, m: t.pop("rng.depth"), "rng.depth"),
+    "rng.data of another size": (lambda t, m: t.update({"rng.data": t["rng.data"][:10]}), "rng.data"),
+    "meta.step not an int": (lambda t, m: m.update(step="four"), "step"),
+    "meta.digest missing": (lambda t, m: m.pop("digest"), "digest"),
+    "meta.loss_sum not finite": (lambda t, m: m.update(loss_sum="nan"), "loss_sum"),
+    "an optimizer moment missing": (lambda t, m: t.pop("optim.0.exp_avg_sq"), "optim.0"),
+    "an optimizer moment of another shape": (lambda t, m: t.update({"optim.0.exp_avg": t["optim.0.exp_avg"][:1]}), "optim.0.exp_avg"),
+    "an unknown optimizer entry": (lambda t, m: t.update({"optim.999.exp_avg": torch.zeros(1)}), "optim.999"),
+    "a weight of another shape": (_reshaped_weights, "shape"),
+}
+
+
+@pytest.mark.parametrize("damage", list(TRAIN_STATE_DAMAGE))
+def test_a_train_state_that_contradicts_itself_is_exit_2_and_changes_nothing(tmp_path, capsys, monkeypatch, damage):
+    """A train state whose weights do not match their own digest (one tensor + 1.0 at step 4 of
+    8), or that lacks a field or holds one of the wrong kind or shape, is refused with exit 2
+    naming the file and the field; no file of the folder changes."""
+    from safetensors.torch import save_file
+
+    from models.runs import read_tensors
+
+    out = tmp_path / "run"
+    _killed_at_step_5_of_8(out, monkeypatch)
+    tensors, meta = read_tensors(out / TRAIN_STATE)
+    corrupt, named = TRAIN_STATE_DAMAGE[damage]
+    corrupt(tensors, meta)
+    save_file(tensors, str(out / TRAIN_STATE), metadata=meta)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert str(out / TRAIN_STATE) in err and named in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
