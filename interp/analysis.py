@@ -32,7 +32,7 @@ from interp.patching import (
     verification_cost,
 )
 from interp.paths import check_path_patchable, path_patch
-from interp.probes import composite_probe_map, lego_probe_map
+from interp.probes import composite_probe_map, lego_probe_map, percolation_summary
 from interp.report import Report, figure_html, table_html
 from interp.solutions import (
     ParityRule,
@@ -172,7 +172,7 @@ def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> RunAnaly
 def _lego_findings(run: LoadedRun, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
     probes = lego_probe_map(run.model, run.task, seed=seed)
     verdict = lego_verdict(run.model, run.task, run.metrics, seed=seed).to_dict()
-    verdict["findings"] += _percolation_findings(probes.slope, probes.linearity, probes.first_layer)
+    verdict["findings"] += _percolation_findings(probes.first_layer)
     if run.task.cfg.group == "z2":
         rules = lego_parity_rules(run.model, run.task, seed=seed)
         verdict["parity_rules"] = [r.summary() for r in rules]
@@ -235,14 +235,8 @@ def _rule_findings(rules: list[ParityRule]) -> list[str]:
     return ["answers follow another parity than the chain (x0 + g0 + ... + gk) on " + ", ".join(other)]
 
 
-def _percolation_findings(slope: float | None, linearity: float | None, first: list[int | None]) -> list[str]:
-    if slope is None:
-        return [f"probes: too few depths reach the threshold for a percolation slope (first layers {first})"]
-    fit = "n/a: every depth reaches it at the same layer" if linearity is None else f"{linearity:.2f}"
-    n_depths = sum(layer is not None for layer in first)
-    caveat = " - two points always lie on a line" if n_depths == 2 else ""
-    return [f"probes: information percolates at {slope:.2f} layers per reasoning step (R^2 {fit} from {n_depths} "
-            f"depths{caveat}; first layer reaching 95% per depth {first})"]
+def _percolation_findings(first: list[int | None]) -> list[str]:
+    return [f"probes: {percolation_summary(first)}; first layer reaching 95% per depth {first}"]
 
 
 def write_analysis(run: LoadedRun, analysis: RunAnalysis) -> Path:
@@ -398,7 +392,7 @@ def _largest_heads(sweep: dict[str, Any], k: int = 3) -> list[tuple[str, float]]
 def _lego_probes_html(probes: dict[str, Any]) -> str:
     fig = plots.heatmap(probes["accuracy"], "chain depth", "layer", "probe accuracy", probes["depth_names"], 0.0, 1.0, "viridis")
     note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
-            f"{probes['first_layer']}; slope {probes['slope']} layers per step, R^2 {probes['linearity']}.")
+            f"{probes['first_layer']}; {percolation_summary(probes['first_layer'])}.")
     return figure_html(fig, "Linear probe accuracy for each variable's value at its own token.") + f"<p>{html.escape(note)}</p>"
 
 

@@ -27,6 +27,7 @@ from transformer_lens import HookedTransformer
 from tasks import Batch, CompositeTask, LegoTask, seeded_generator
 
 FIRST_REACH_THRESHOLD = 0.95  # DESIGN.md: a depth is "solved" at a layer once its probe reaches 95%
+MIN_PERCOLATION_DEPTHS = 3  # resolved depths a slope is fitted on: through two, any line fits exactly
 COMPOSITE_SITES = ("key", "anchor1", "anchor2", "last")
 COMPOSITE_QUANTITIES = ("key", "intermediate", "target")
 
@@ -257,11 +258,12 @@ def first_layer_reaching(accuracy: Float[Tensor, "layer depth"], threshold: floa
 
 
 def percolation_fit(first_layers: list[int | None]) -> tuple[float | None, float | None]:
-    """Least-squares line through (depth, first layer) over the depths that reach the threshold:
-    its slope (layers per reasoning step) and R^2 (1 = perfectly linear, a "for loop"). The slope
-    needs two such depths; R^2 is None when the first layers are all equal (nothing to explain)."""
+    """Least-squares line through (depth, first layer) over the resolved depths (those that reach
+    the threshold): its slope (layers per reasoning step) and R^2 (1 = perfectly linear, a "for
+    loop"). Both None from fewer than MIN_PERCOLATION_DEPTHS resolved depths: two points always
+    lie on a line. R^2 is None when the first layers are all equal (nothing to explain)."""
     points = [(depth, layer) for depth, layer in enumerate(first_layers) if layer is not None]
-    if len(points) < 2:
+    if len(points) < MIN_PERCOLATION_DEPTHS:
         return None, None
     x, y = torch.tensor(points, dtype=torch.float64).T
     x_c, y_c = x - x.mean(), y - y.mean()
@@ -269,6 +271,23 @@ def percolation_fit(first_layers: list[int | None]) -> tuple[float | None, float
     total = float((y_c**2).sum())
     residual = float(((y_c - slope * x_c) ** 2).sum())
     return slope, (1 - residual / total if total > 0 else None)
+
+
+def resolved_depths(first_layers: list[int | None]) -> int:
+    """How many depths reach the threshold at some layer: the points a percolation slope is fitted on."""
+    return sum(layer is not None for layer in first_layers)
+
+
+def percolation_summary(first_layers: list[int | None]) -> str:
+    """The percolation line every report prints: slope and R^2 with the number of resolved depths
+    they were fitted on, or why there is no slope."""
+    slope, linearity = percolation_fit(first_layers)
+    n, total = resolved_depths(first_layers), len(first_layers)
+    if slope is None:
+        return (f"no percolation slope: {n} of {total} depths resolved (reach the threshold); "
+                f"a slope needs >= {MIN_PERCOLATION_DEPTHS}")
+    fit = "n/a, every resolved depth first reaches it at the same layer" if linearity is None else f"{linearity:.2f}"
+    return f"percolation slope {slope:.2f} layers per reasoning step (R^2 {fit}), fitted on {n} of {total} resolved depths"
 
 
 @dataclass
@@ -295,7 +314,8 @@ class ProbeMap:
             "accuracy": _rounded(self.accuracy), "train_accuracy": _rounded(self.train_accuracy),
             "layer_names": self.layer_names, "depth_names": self.depth_names, "chance": self.chance,
             "majority": [round(m, 4) for m in self.majority], "threshold": self.threshold, "first_layer": self.first_layer, "slope": self.slope,
-            "linearity": self.linearity, "n_train": self.n_train, "n_test": self.n_test,
+            "linearity": self.linearity, "resolved_depths": resolved_depths(self.first_layer),
+            "n_train": self.n_train, "n_test": self.n_test,
             "method": self.method, "seconds": round(self.seconds, 3),
         }
 

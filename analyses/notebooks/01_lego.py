@@ -35,7 +35,7 @@ from interp import plots
 from interp.analysis import counterfactual_pairs
 from interp.attention import attention_patterns, classify_heads
 from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual
-from interp.probes import lego_probe_map
+from interp.probes import lego_probe_map, percolation_summary
 from interp.report import figure_html, table_html
 from interp.solutions import lego_parity_rules, lego_verdict
 from models.config import ModelConfig, RunConfig, TrainConfig
@@ -146,7 +146,7 @@ probes = lego_probe_map(model, task, n_train=S["n_probe"], n_test=S["n_probe"])
 display(HTML(figure_html(plots.heatmap(probes.accuracy.tolist(), "chain depth", "layer", "probe accuracy",
                                        probes.depth_names, 0.0, 1.0, "viridis"))))
 print(f"first layer reaching {probes.threshold:.0%} per depth: {probes.first_layer}; "
-      f"slope {probes.slope} layers per step (R^2 {probes.linearity}); chance {probes.chance:.2f}")
+      f"{percolation_summary(probes.first_layer)}; chance {probes.chance:.2f}")
 
 # %% [markdown]
 # ## 5. The verdict

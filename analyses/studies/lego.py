@@ -39,7 +39,7 @@ from interp import plots
 from interp.analysis import counterfactual_pairs
 from interp.attention import attention_patterns, classify_heads, mass_on_keys
 from interp.patching import logit_diff_metric, patch_head_out
-from interp.probes import lego_probe_map
+from interp.probes import lego_probe_map, percolation_summary, resolved_depths
 from interp.report import figure_html, table_html
 from interp.solutions import last_learned_before_middle, learned_steps, lego_parity_rules
 from models.config import ModelConfig, RunConfig, TrainConfig
@@ -286,11 +286,12 @@ def percolation_study(ctx: StudyContext) -> dict[str, Any]:
         run = load_run(pool_dir(ctx) / name)
         probe = lego_probe_map(run.model, run.task, n_train=n[0], n_test=n[1])
         maps[name] = probe.to_dict()
-        headline[name] = {"slope": probe.slope, "linearity": probe.linearity, "first_layer": probe.first_layer}
+        headline[name] = {"slope": probe.slope, "linearity": probe.linearity, "first_layer": probe.first_layer,
+                          "resolved_depths": resolved_depths(probe.first_layer)}
         sections.append((f"Probe map: {name}", figure_html(
             plots.heatmap(probe.accuracy.tolist(), "chain depth", "layer", f"{name}: probe accuracy", probe.depth_names,
                           vmin=0.5, vmax=1.0, cmap="viridis"),
-            f"Linear-probe test accuracy at each variable's token; slope {probe.slope}, R^2 {probe.linearity}, "
+            f"Linear-probe test accuracy at each variable's token; {percolation_summary(probe.first_layer)}; "
             f"first layer reaching {probe.threshold:.0%} per depth {probe.first_layer}.")))
     return finish(ctx, "LEGO: information percolation (Figure 4)", sections,
                   {"probes": maps, "headline": headline})

@@ -13,11 +13,13 @@ with install_import_hook("interp.probes", "beartype.beartype"):
         fit_probes,
         lego_probe_map,
         percolation_fit,
+        percolation_summary,
         probe_grid,
         residual_streams,
         residuals_at,
     )
 
+from interp.analysis import _percolation_findings  # noqa: E402
 from models.factory import build_model  # noqa: E402
 from tasks import CompositeConfig, CompositeTask, LegoConfig, LegoTask  # noqa: E402
 from tests.helpers import TINY_MODEL, tiny_composite_run  # noqa: E402
@@ -115,7 +117,22 @@ def test_first_layer_and_percolation_fit_on_a_hand_made_map():
     slope, r2 = percolation_fit([1, 3, 3, 5])  # residuals (-.2, .6, -.6, .2) against a total of 8
     assert slope == pytest.approx(1.2) and r2 == pytest.approx(0.9)
     assert percolation_fit([None, 2, None]) == (None, None)
+    assert percolation_fit([1, 2, None, None]) == (None, None)  # two points always lie on a line: no slope
     assert percolation_fit([2, 2, 2]) == (pytest.approx(0.0), None)  # flat: nothing for R^2 to explain
+
+
+def test_every_percolation_line_names_its_resolved_depths_and_none_gives_a_slope_from_two():
+    assert percolation_summary([1, 3, 3, 5, None]) == ("percolation slope 1.20 layers per reasoning step (R^2 0.90), "
+                                                      "fitted on 4 of 5 resolved depths")
+    assert "R^2 n/a" in percolation_summary([2, 2, 2]) and "fitted on 3 of 3" in percolation_summary([2, 2, 2])
+    for first in ([1, 2, None, None], [None, 4, None], [None, None]):
+        line = percolation_summary(first)
+        assert "slope" in line and "layers per" not in line, line  # no number is printed as a slope
+        assert f"{sum(f is not None for f in first)} of {len(first)} depths resolved" in line
+    finding, = _percolation_findings([1, 2, None, None])
+    assert finding.startswith("probes: no percolation slope: 2 of 4 depths resolved") and "layers per" not in finding
+    finding, = _percolation_findings([0, 1, 2, 3])
+    assert "percolation slope 1.00 layers per reasoning step" in finding and "fitted on 4 of 4 resolved depths" in finding
 
 
 def test_composite_map_names_its_axes_and_reads_the_key_from_the_embedding():
