@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import torch
 from transformer_lens import HookedTransformer
 
 from interp import plots
@@ -153,8 +154,14 @@ def _paths_summary(model: HookedTransformer, clean: Any, corrupted: Any, metric:
     return {"strongest": strongest, "refused": refused, "circuit": circuit.to_dict()}
 
 
-def analyze_run(run: LoadedRun, n_samples: int = 512, seed: int = 0) -> RunAnalysis:
-    """Everything the report shows."""
+def analyze_run(
+    run: LoadedRun, n_samples: int = 512, seed: int = 0, device: str | torch.device | None = None
+) -> RunAnalysis:
+    """Everything the report shows. `device`: where the model runs (it is moved there, and every
+    step moves the batches it samples on the CPU to it); None: where `run.model` already is
+    (`load_run(..., device)`). The result holds plain Python values whatever the device."""
+    if device is not None:
+        run.model.to(device, print_details=False)
     started = time.perf_counter()
     steps = task_analysis(run.config.task.name)
     tokens = run.task.sample(n_samples, seeded_generator(seed), split="test").tokens

@@ -274,8 +274,8 @@ class LoadedRun:
     metrics: list[dict[str, Any]]
 
 
-def load_run(run_dir: str | Path, device: str = "cpu") -> LoadedRun:
-    """Rebuild the model of a run folder and load its weights."""
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
+    """Rebuild the model of a run folder on `device` and load its weights (saved from any device)."""
     from models.factory import build_model
 
     run_dir = Path(run_dir)

@@ -66,11 +66,14 @@ class TrainResult:
     final: dict[str, Any]
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, setting: str = "train.device") -> torch.device:
+    """The device `name` ("auto", "cpu" or "cuda") stands for; `setting` names where it was asked
+    for (`train.device`, `analyze --device`), so the error points at what to change."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device='cuda' but no CUDA device is available; use --device auto or cpu")
+        raise ConfigError(f"{setting}='cuda' but no CUDA device is available (torch.cuda.is_available() is False); "
+                          "use --device auto or cpu")
     return torch.device(name)
 
 

@@ -134,3 +134,33 @@ def test_the_summary_rounds_numbers_for_reading():
     assert readable("acc_per_var", [1.0, 0.98412, 0.5]) == "[1.0, 0.9841, 0.5]"
     assert readable("step", 3000) == "3000" and readable("diverged", True) == "true"
     assert readable("acc_per_pair", {"1,2": 0.99999}) == "{1,2: 1.0}"
+
+
+def _without_wall_times(value):
+    """A JSON tree with every "seconds" field (the analysis's and the probe map's) dropped."""
+    if isinstance(value, dict):
+        return {k: _without_wall_times(v) for k, v in value.items() if k != "seconds"}
+    if isinstance(value, list):
+        return [_without_wall_times(v) for v in value]
+    return value
+
+
+def test_analyze_runs_on_the_cpu_by_default_and_device_cpu_writes_the_same_analysis(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--task", "lego", "--out", str(out), *TINY]) == 0
+    analyses = []
+    for device in ([], ["--device", "cpu"]):
+        assert main(["analyze", str(out), "--samples", "64", *device]) == 0
+        assert capsys.readouterr().out.rstrip().endswith("on cpu")
+        analyses.append(_without_wall_times(json.loads((out / "analysis.json").read_text())))
+    assert analyses[0] == analyses[1]  # bit for bit, but for the wall times
+
+
+def test_analyze_device_cuda_without_cuda_exits_2_naming_cuda_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert main(["train", "--task", "lego", "--out", str(out), *TINY]) == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # so that a GPU machine checks it too
+    assert main(["analyze", str(out), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "analyze --device='cuda'" in err and "no CUDA device is available" in err
+    assert not (out / "analysis.json").exists() and not (out / "report.html").exists()
