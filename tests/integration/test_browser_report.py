@@ -4,8 +4,9 @@ heads, every figure decodes, and token text that looks like HTML is shown as tex
 
 Chromium is Debian's `chromium` package (`.ci/run` installs it when it can), driven by
 Playwright's Python package (test extra) through `executable_path`; without either the browser
-tests skip and say why, unless WORKBENCH_REQUIRE_BROWSER=1 (set by `.ci/run` once Chromium is
-installed), where a missing or broken browser fails them. The report-size test needs no browser."""
+tests skip and say why, unless in CI (the `CI` variable set) or with WORKBENCH_REQUIRE_BROWSER=1
+(set by `.ci/run` once Chromium is installed), where a missing or broken browser fails them. The
+report-size test needs no browser."""
 
 from __future__ import annotations
 
@@ -42,9 +43,12 @@ def chromium_path() -> str | None:
 
 
 def skip_or_fail(reason: str) -> None:
-    """Skip with the reason; fail where the browser is required (CI with Chromium installed)."""
+    """Skip with the reason; fail where the browser is required: in CI (the `CI` variable set,
+    and not "false" or "0") or with WORKBENCH_REQUIRE_BROWSER=1 (.ci/run, once Chromium is installed)."""
     if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
         pytest.fail(f"WORKBENCH_REQUIRE_BROWSER=1 but {reason}")
+    if os.environ.get("CI", "") not in ("", "false", "0"):
+        pytest.fail(f"CI={os.environ['CI']}: the browser tests must run in CI, but {reason}")
     pytest.skip(reason)
 
 
