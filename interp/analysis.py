@@ -43,7 +43,7 @@ from interp.solutions import (
     predictions,
     templates_verdict,
 )
-from models.runs import ANALYSIS, LoadedRun
+from models.runs import ANALYSIS, LoadedRun, RunFolderError
 from tasks import Batch, Task, seeded_generator
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
@@ -255,9 +255,39 @@ def write_analysis(run: LoadedRun, analysis: RunAnalysis) -> Path:
 
 
 def read_analysis(run_dir: Path) -> RunAnalysis | None:
-    """The run's analysis.json, or None where it has none."""
+    """The run's analysis.json, or None where it has none; RunFolderError naming the file and what
+    is wrong where it is not JSON or not an analysis."""
     path = Path(run_dir) / ANALYSIS
-    return RunAnalysis.from_dict(json.loads(path.read_text())) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunFolderError(f"{path} is not JSON ({err}); run `workbench analyze {run_dir}` again") from None
+    problem = _analysis_problem(data)
+    if problem:
+        raise RunFolderError(f"{path} {problem}; run `workbench analyze {run_dir}` again")
+    return RunAnalysis.from_dict({**data, "seconds": float(data["seconds"])})
+
+
+ANALYSIS_FIELDS = {"run": (str, "a string"), "task": (str, "a string"), "heads": (dict, "an object"),
+                   "patching": (dict, "an object"), "probes": ((dict, type(None)), "an object or null"),
+                   "verdict": (dict, "an object"), "seconds": ((int, float), "a number")}
+
+
+def _analysis_problem(data: Any) -> str | None:
+    """What keeps `data` from being an analysis.json (its top level), or None."""
+    if not isinstance(data, dict):
+        return f"is not a JSON object but {type(data).__name__}"
+    missing = [name for name in ANALYSIS_FIELDS if name not in data and name != "probes"]
+    if missing:
+        return f"lacks {missing}"
+    wrong = [f"{name} must be {kind}" for name, (types, kind) in ANALYSIS_FIELDS.items() if not isinstance(data.get(name), types)]
+    if wrong:
+        return f"holds fields of the wrong kind ({'; '.join(wrong)})"
+    if data["task"] not in TASK_ANALYSES:
+        return f"names task={data['task']!r}, which is unknown; known: {sorted(TASK_ANALYSES)}"
+    return None
 
 
 def analysis_sections(report: Report, analysis: RunAnalysis) -> None:

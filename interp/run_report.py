@@ -10,7 +10,7 @@ from pathlib import Path
 from interp.analysis import RunAnalysis, analysis_sections, read_analysis, task_analysis
 from interp.attention import attention_patterns
 from interp.report import Report, figure_html, table_html
-from models.runs import REPORT, LoadedRun
+from models.runs import ANALYSIS, REPORT, LoadedRun, RunFolderError
 from tasks import seeded_generator
 
 
@@ -18,10 +18,17 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, ana
     """Summary, configuration, curves, attention views; with `analysis` (or the run's
     analysis.json), also the verdict, head scores, patching and probes."""
     report = Report(f"interp-workbench run: {run.path.name}")
+    stored = analysis is None  # read from the folder's analysis.json, which may be hand-edited or damaged
     analysis = analysis if analysis is not None else read_analysis(run.path)
     report.add("Summary", _summary_html(run))
     if analysis:
-        analysis_sections(report, analysis)
+        try:
+            analysis_sections(report, analysis)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+            if not stored:
+                raise
+            raise RunFolderError(f"{run.path / ANALYSIS} cannot be shown ({type(err).__name__}: {err}); it is damaged "
+                                 f"or of another version; run `workbench analyze {run.path}` again") from None
     report.add("Configuration", f"<pre>{html.escape(run.config.to_json())}</pre>")
     report.add("Training curves", _curves_html(run))
     report.add("Attention patterns", _attention_html(report, run, n_examples, seed))

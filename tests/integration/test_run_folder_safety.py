@@ -291,3 +291,22 @@ def test_a_train_state_that_contradicts_itself_is_exit_2_and_changes_nothing(tmp
     err = capsys.readouterr().err
     assert str(out / TRAIN_STATE) in err and named in err, err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize(("content", "wrong"), [
+    ("{not json", "not JSON"), ("{}", "lacks"), ("[1]", "not a JSON object"), ('"text"', "not a JSON object"),
+    (json.dumps({"run": "r", "task": "chess", "heads": {}, "patching": {}, "verdict": {}, "seconds": 1}), "task='chess'"),
+    (json.dumps({"run": "r", "task": "composite", "heads": 5, "patching": {}, "verdict": {}, "seconds": 1}), "heads"),
+    (json.dumps({"run": "r", "task": "composite", "heads": {"scores": 1}, "patching": {}, "verdict": {}, "seconds": 1}),
+     "cannot be shown"),
+], ids=["broken", "empty-object", "list", "string", "unknown-task", "heads-not-an-object", "heads-without-labels"])
+def test_report_on_a_damaged_analysis_json_is_exit_2_naming_it(tmp_path, capsys, content, wrong):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
+    (out / "analysis.json").write_text(content)
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(out / "analysis.json") in err and wrong in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
