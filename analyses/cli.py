@@ -148,6 +148,7 @@ def _resolve_config(args: argparse.Namespace, preset: str | None, task: str | No
 
 
 def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
+    from models.runs import model_sizes, out_of_memory
     from models.train import Trainer, TrainingDiverged
 
     try:
@@ -156,23 +157,17 @@ def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
         print(f"workbench: training diverged: {err}", file=sys.stderr)
         return EXIT_DIVERGED
     except RuntimeError as err:  # torch.OutOfMemoryError is one too
-        if not _out_of_memory(err):
+        if not out_of_memory(err):
             raise
         if not resume:
             _remove_unstarted_run(out)
         train = cfg.train
         raise ConfigError(f"out of memory ({str(err).splitlines()[0][:200]}). The run's sizes: train.batch_size="
                           f"{train.batch_size}, train.eval_size={train.eval_size}, train.n_train={train.n_train}, "
-                          f"model.d_model={cfg.model.d_model}; lower the one that is too large") from None
+                          f"{model_sizes(cfg)}; lower the one that is too large") from None
     summary = {k: v for k, v in result.final.items() if k not in ("acc_per_pair",)}
     print(f"trained {result.steps} steps in {result.seconds:.1f} s -> {out}\n{json.dumps(summary)}")
     return 0
-
-
-def _out_of_memory(err: RuntimeError) -> bool:
-    import torch
-
-    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
 
 
 def _remove_unstarted_run(out: Path) -> None:

@@ -219,10 +219,17 @@ class RunConfig:
         unknown = set(data) - {"task", "model", "train"}
         if unknown:
             raise ConfigError(f"the config has unknown section(s) {sorted(unknown)}; sections: task, model, train")
+        if "task" not in data:
+            raise ConfigError(f"the config has no task section; it must be a JSON object naming the task and its "
+                              f"settings, e.g. {{\"name\": \"lego\"}} with name one of {sorted(TASK_CONFIGS)}")
+        for section in ("task", "model", "train"):
+            if section in data and not isinstance(data[section], dict):
+                raise ConfigError(f"the {section} section is {data[section]!r}; it must be a JSON object of "
+                                  f"{section} settings, e.g. {{\"{_EXAMPLE_KEY[section]}\": ...}}")
         task_data = dict(data["task"])
         name = task_data.get("name")
-        if name not in TASK_CONFIGS:
-            raise ConfigError(f"task.name={name!r} is unknown; use one of {sorted(TASK_CONFIGS)}")
+        if not isinstance(name, str) or name not in TASK_CONFIGS:
+            raise ConfigError(f"task.name={name!r} is unknown; it must be a string, one of {sorted(TASK_CONFIGS)}")
         return cls(
             task=_build(TASK_CONFIGS[name], task_data, "task"),
             model=_build(ModelConfig, data.get("model", {}), "model"),
@@ -245,6 +252,9 @@ class RunConfig:
                 raise ConfigError(f"--set {key}: {section} has no field {name!r}; fields: {sorted(data[section])}")
             data[section][name] = parse_value(raw)
         return RunConfig.from_dict(data)
+
+
+_EXAMPLE_KEY = {"task": "name", "model": "n_layers", "train": "steps"}  # a field of each section, for messages
 
 
 def parse_value(raw: str) -> Any:

@@ -225,7 +225,12 @@ def read_config(run_dir: Path) -> RunConfig:
     if not isinstance(data, dict):
         raise RunFolderError(f"{path} is not a JSON object")
     data.pop("versions", None)
-    return RunConfig.from_dict(data)
+    try:
+        return RunConfig.from_dict(data)
+    except RunFolderError:
+        raise
+    except ConfigError as err:  # a hand-edited value: say which file holds it
+        raise RunFolderError(f"{path}: {err}") from None
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -263,6 +268,18 @@ def run_state(run_dir: Path, cfg: RunConfig) -> str:
     return "partial" if (Path(run_dir) / TRAIN_STATE).exists() else "new"
 
 
+def out_of_memory(err: BaseException) -> bool:
+    """Whether `err` is a failed allocation: torch.OutOfMemoryError (a GPU), or the CPU allocator's."""
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
+
+
+def model_sizes(cfg: RunConfig) -> str:
+    """The model's sizes as settings, for a message about memory."""
+    m = cfg.model
+    return (f"model.d_model={m.d_model}, model.d_mlp={m.mlp_dim}, model.d_head={m.head_dim}, model.n_heads={m.n_heads}, "
+            f"model.n_layers={m.n_layers}, model.n_ctx={m.n_ctx}")
+
+
 @dataclass
 class LoadedRun:
     """A trained run, ready for analysis: config, task, model (eval mode) and metrics."""
@@ -287,7 +304,14 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
         raise RunFolderError(f"{run_dir / WEIGHTS} does not exist; train the run first (workbench train --out {run_dir})")
     cfg = read_config(run_dir)
     task = make_task(cfg.task)
-    model = build_model(cfg.model, task, seed=cfg.train.seed, device=device)
+    try:
+        model = build_model(cfg.model, task, seed=cfg.train.seed, device=device)
+    except RuntimeError as err:  # a hand-edited size: say which, rather than the allocator's traceback
+        if not out_of_memory(err):
+            raise
+        raise RunFolderError(f"{run_dir / CONFIG}: its model does not fit in memory ({str(err).splitlines()[0][:200]}); "
+                             f"its sizes: {model_sizes(cfg)}. Was config.json edited? Its model section must be "
+                             f"the one model.safetensors was trained with") from None
     load_weights(model, read_tensors(run_dir / WEIGHTS)[0])
     model.eval()
     return LoadedRun(run_dir, cfg, task, model, read_metrics(run_dir))

@@ -52,6 +52,7 @@ BAD_VALUES = [
     ("templates-cpu", "task.n_train_symbols", "1", "n_train_symbols=1"),
     ("lego-cpu", "train.init_from", '""', "init_from=''"),
     ("lego-cpu", "train.init_from", "no/such/run", "no/such/run"),
+    ("lego-cpu", "task.name", '["lego"]', "task.name=['lego']"), ("lego-cpu", "task.name", "chess", "task.name='chess'"),
 ]
 IDS = [f"{preset}:{key}={value}" for preset, key, value, _ in BAD_VALUES]
 
@@ -93,6 +94,35 @@ def test_hand_edited_config_json(tmp_path, capsys, preset, key, value, named):
         assert [p.name for p in out.iterdir()] == ["config.json"] and (out / "config.json").read_text() == text
 
 
+# whole sections of a hand-edited config.json: (preset, section, its value as JSON or None for
+# deleted, what the message must name)
+BAD_SECTIONS = [
+    ("lego-cpu", "task", None, "no task section"), ("lego-cpu", "task", '["lego"]', "the task section is ['lego']"),
+    ("composite-cpu", "model", "[1]", "the model section is [1]"), ("composite-cpu", "train", '"x"', "the train section is 'x'"),
+    ("templates-cpu", "model", "null", "the model section is None"),
+]
+
+
+@pytest.mark.parametrize(("preset", "section", "value", "named"), BAD_SECTIONS,
+                         ids=[f"{p}:{s}={v}" for p, s, v, _ in BAD_SECTIONS])
+def test_hand_edited_config_json_section(tmp_path, capsys, preset, section, value, named):
+    """A section missing or not an object: exit 2 naming the section and what it must be."""
+    data = get_preset(preset).to_dict()
+    if value is None:
+        del data[section]
+    else:
+        data[section] = json.loads(value)
+    out = tmp_path / "run"
+    out.mkdir()
+    text = json.dumps(data)
+    (out / "config.json").write_text(text)
+    code = main(["train", "--out", str(out), "--resume", "--no-progress"])
+    err = capsys.readouterr().err
+    assert_refused(code, err, named)
+    assert "must be a JSON object" in err and str(out / "config.json") in err
+    assert [p.name for p in out.iterdir()] == ["config.json"] and (out / "config.json").read_text() == text
+
+
 SWEEP_VALUES = [row for row in BAD_VALUES if row[0] == "composite-cpu" or row[1].startswith("train.")][:12]
 
 
@@ -131,7 +161,7 @@ def test_bad_study_option(tmp_path, capsys, options, named):
 
 
 def test_the_table_holds_at_least_sixty_bad_inputs():
-    assert 2 * len(BAD_VALUES) + len(SWEEP_VALUES) + len(STUDY_OPTIONS) >= 60
+    assert 2 * len(BAD_VALUES) + len(BAD_SECTIONS) + len(SWEEP_VALUES) + len(STUDY_OPTIONS) >= 60
     assert len({(p, k, v) for p, k, v, _ in BAD_VALUES}) == len(BAD_VALUES)  # no case counted twice
 
 
@@ -147,3 +177,22 @@ def test_an_out_folder_that_cannot_be_created_exits_2(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     code = main(["train", "--preset", "composite-cpu", "--out", str(tmp_path / "file" / "run"), "--no-progress"])
     assert_refused(code, capsys.readouterr().err, "cannot be created")
+
+
+def test_a_model_too_large_for_memory_in_config_json_exits_2_naming_the_sizes(tmp_path, capsys):
+    """A hand-edited huge d_model: report and analyze refuse it (exit 2, the sizes named) instead
+    of failing on allocation with a traceback; the folder is unchanged."""
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), "--set", "model.d_model=32", "--set", "model.d_mlp=64",
+                 "--set", "train.steps=4", "--set", "train.eval_every=2", "--set", "train.eval_size=50", "--no-progress"]) == 0
+    data = json.loads((out / "config.json").read_text())
+    data["model"]["d_model"] = 10**12
+    (out / "config.json").write_text(json.dumps(data))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    for command in (["report", str(out)], ["analyze", str(out), "--samples", "8"]):
+        code = main(command)
+        err = capsys.readouterr().err
+        assert_refused(code, err, "model.d_model=1000000000000")
+        assert "memory" in err and str(out / "config.json") in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
