@@ -173,11 +173,11 @@ def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
 def _remove_unstarted_run(out: Path) -> None:
     """After a failure before the first checkpoint: the run files this run wrote, and the folder
     if nothing else is in it, so that the same --out can be used again with other settings."""
-    from models.runs import CONFIG, METRICS, MIMIC, TRAIN_STATE
+    from models.runs import CONFIG, DEMO, METRICS, MIMIC, TRAIN_STATE
 
     if not out.is_dir() or (out / TRAIN_STATE).exists():
         return
-    for name in (CONFIG, METRICS, MIMIC):
+    for name in (CONFIG, METRICS, MIMIC, DEMO):
         (out / name).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         out.rmdir()
@@ -237,20 +237,50 @@ def _check_creatable(out: Path) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from models.runs import LOCK, RUN_FILES, run_lock
+    from models.runs import DEMO, LOCK, RUN_FILES, atomic_write_bytes, run_lock
 
     cfg = _resolve_config(args, "lego-cpu", "lego")
     started = time.perf_counter()
-    _check_new_run_folder(args.out)
+    _check_demo_folder(args.out)
     with run_lock(args.out):  # nobody else writes the folder while the demo empties and retrains it
+        _check_demo_folder(args.out)  # again under the lock: a run written meanwhile is not deleted
         for path in args.out.iterdir():  # the demo starts fresh, but deletes only a run folder's own files
             if path.name in RUN_FILES and path.name != LOCK:
                 path.unlink()
+        atomic_write_bytes(args.out / DEMO, json.dumps({"config": cfg.to_dict()}, indent=1).encode())
         status = _train(cfg, args.out, resume=False, progress=not args.no_progress)
     if status == 0:
         _cmd_report(argparse.Namespace(run_dir=args.out))
         print(f"demo finished in {time.perf_counter() - started:.0f} s; open {args.out / 'report.html'} in a browser")
     return status
+
+
+def _check_demo_folder(out: Path) -> None:
+    """The demo trains into a new or empty folder, or replaces a run of its own (`_is_demo_run`);
+    any other run is refused, never deleted."""
+    from models.runs import CONFIG, DEMO, RUN_FILES
+
+    if not _is_demo_run(out):
+        _check_new_run_folder(out)
+        if (out / CONFIG).exists():
+            raise ConfigError(f"--out {out} holds a run that is not a demo run (no {DEMO} recording its config); the demo "
+                              f"replaces only its own runs: choose another folder, or delete that run yourself")
+        return
+    others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
+    if others:
+        raise ConfigError(f"--out {out} holds files that are not a run's ({', '.join(others[:5])}); choose a new or empty folder")
+
+
+def _is_demo_run(out: Path) -> bool:
+    """Whether `out` holds a run the demo wrote: its demo.json records the config that its
+    config.json holds (or the demo stopped before writing config.json)."""
+    from models.runs import CONFIG, DEMO, read_config
+
+    try:
+        recorded = json.loads((out / DEMO).read_text())
+        return not (out / CONFIG).exists() or read_config(out).to_dict() == recorded["config"]
+    except (OSError, ValueError, TypeError, KeyError, ConfigError):  # no marker, or a damaged one or config
+        return False
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

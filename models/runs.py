@@ -30,7 +30,8 @@ MIMIC = "mimic.json"  # losses of mimicking pre-training, when the run had any
 INIT = "init.json"  # where the starting weights came from, when `train.init_from` named a run
 ANALYSIS, REPORT = "analysis.json", "report.html"
 LOCK = ".workbench.lock"  # present while a process writes the folder (holds its pid)
-RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK}  # what a run folder may hold
+DEMO = "demo.json"  # written by `workbench demo`: the config of its run, which marks the folder as the demo's
+RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK, DEMO}  # what a run folder may hold
 PACKAGES = ("interp-workbench", "torch", "transformer-lens", "circuitsvis", "numpy")
 
 

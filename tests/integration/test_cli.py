@@ -99,3 +99,25 @@ def test_train_and_demo_never_write_over_or_delete_files_that_are_not_a_runs(tmp
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--task", "lego", "--out", "", *TINY]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_demo_replaces_only_a_demo_run(tmp_path, capsys):
+    """The demo retrains a folder it recognises as its own run (its demo.json records the config
+    the folder holds), and refuses any other run, whatever its task, with exit 2 and nothing
+    changed."""
+    composite = tmp_path / "composite"
+    assert main(["train", "--preset", "composite-cpu", "--out", str(composite), *TINY]) == 0
+    lego = tmp_path / "lego"
+    assert main(["train", "--preset", "lego-cpu", "--out", str(lego), *TINY]) == 0  # the demo's preset, but not a demo run
+    for run in (composite, lego):
+        before = {p.name: p.read_bytes() for p in run.iterdir()}
+        capsys.readouterr()
+        assert main(["demo", "--out", str(run), *TINY]) == 2
+        assert "not a demo run" in capsys.readouterr().err
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    demo = tmp_path / "demo"
+    assert main(["demo", "--out", str(demo), *TINY]) == 0
+    first = (demo / "model.safetensors").read_bytes()
+    assert main(["demo", "--out", str(demo), *TINY, "--set", "train.seed=1"]) == 0  # its own run: replaced
+    assert (demo / "model.safetensors").read_bytes() != first
+    assert json.loads((demo / "config.json").read_text())["train"]["seed"] == 1
