@@ -6,10 +6,10 @@ top-k cells (by |effect|) are verified. Across trained runs, side by side per es
 
 Per run, the pairs and the label slot are the ones `workbench analyze` uses (aligned pairs; the
 deepest supervised slot the model fits). Cells and estimates:
-- head outputs by position (layer x pos x head) and per head (layer x head): plain one-step
-  attribution (AtP), GradDrop, integrated gradients (`--ig-steps` steps);
-- queries and keys by position (layer x pos x head): plain AtP and the QK fix, alone and with
-  GradDrop.
+- head outputs, queries and keys, by position (layer x pos x head) and per head (layer x head);
+- plain one-step attribution (AtP), GradDrop, integrated gradients (`--ig-steps` steps), and for
+  queries and keys the QK fix, alone and with GradDrop (interp.atp, shared with `workbench
+  analyze` and `workbench benchmark --patching`).
 Spearman with exact patching is printed next to each, for comparison with the older yardstick.
 Over the runs: the median and worst fraction, and the curve behind them: per verification budget
 (BUDGETS, fractions of the exact sweep), the share of runs whose exact top k are all recovered
@@ -28,19 +28,11 @@ from typing import Any
 import torch
 
 from interp.analysis import counterfactual_pairs
-from interp.patching import activation_patch, attribution_patch, logit_diff_metric, spearman, verification_cost
+from interp.atp import CELLS, judge_estimates
+from interp.patching import activation_patch, logit_diff_metric
 from models.runs import load_run
 
-# cells: (kind, over); estimates per cell kind: name -> attribution_patch options
-CELLS = {"head x pos": ("head_out", ("pos", "head_index")), "head": ("head_out", ("head_index",)),
-         "q x pos": ("q", ("pos", "head_index")), "k x pos": ("k", ("pos", "head_index"))}
 BUDGETS = (0.05, 0.10, 0.25, 0.50, 0.75)  # fractions of the exact sweep verified in the estimate's order
-
-
-def estimates(cells: str, ig_steps: int) -> dict[str, dict[str, Any]]:
-    if cells in ("q x pos", "k x pos"):
-        return {"atp": {}, "qk-fix": {"qk_fix": True}, "qk-fix+graddrop": {"qk_fix": True, "grad_drop": True}}
-    return {"atp": {}, "graddrop": {"grad_drop": True}, f"ig{ig_steps}": {"steps": ig_steps}}
 
 
 def yardstick(run: Any, n_pairs: int, k: int, ig_steps: int, seed: int = 0) -> dict[tuple[str, str], tuple[float, float, int]]:
@@ -50,13 +42,10 @@ def yardstick(run: Any, n_pairs: int, k: int, ig_steps: int, seed: int = 0) -> d
     found = {}
     for cells, (kind, over) in CELLS.items():
         exact = activation_patch(*args, kind, over)
-        n_cells = exact.values.numel()
-        if n_cells <= k:  # every order verifies them all: nothing to judge
+        if exact.values.numel() <= k:  # every order verifies them all: nothing to judge
             continue
-        for name, options in estimates(cells, ig_steps).items():
-            estimate = attribution_patch(*args, kind, over, **options)
-            cost = verification_cost(estimate, exact, k)
-            found[cells, name] = (cost / n_cells, spearman(estimate.values, exact.values), n_cells)
+        for name, judged in judge_estimates(*args, cells, exact, ig_steps=ig_steps, k=k).items():
+            found[cells, name] = (judged.fraction, judged.spearman, judged.n_cells)
     return found
 
 

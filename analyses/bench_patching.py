@@ -18,7 +18,11 @@ the head where attribution misses most, the metric along the straight line from 
 to its clean output (`blend_curve`), with downstream MLPs or attention patterns held fixed.
 Attribution extrapolates the slope at the corrupted end of that line. With --ig-steps, the
 same speed-up and correlations for integrated gradients (`steps=K`), which averages the slope
-over K points of the line between the two inputs' embeddings.
+over K points of the line between the two inputs' embeddings. Last, AtP*'s yardstick side by
+side (interp.atp, as `python -m analyses.atp_yardstick` computes it over many runs): for head
+outputs, queries and keys, by position and per head, the verified fraction, Spearman and time of
+plain attribution, GradDrop, integrated gradients (the largest of --ig-steps, else 4 steps) and,
+for queries and keys, the QK fix alone and with GradDrop.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,15 +39,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from interp.atp import CELLS, judge_estimates
 from interp.patching import (
     PatchResult,
+    activation_patch,
     attribute_head_out,
     attribute_head_out_by_pos,
     logit_diff_metric,
     patch_head_out,
     patch_head_out_by_pos,
-    spearman,
-    verification_cost,
 )
 from models.factory import build_model
 from models.runs import load_run
@@ -95,15 +100,14 @@ def attribution_agreement(model: Any, clean: Batch, corrupted: Batch, metric: Ca
     """How attribution (`steps` > 1: integrated gradients) agrees with exact patching
     (`exact_head_patching`, computed when not given) over head-output cells, per (layer, pos,
     head) and per (layer, head): Spearman's correlation, and AtP*'s yardstick, the fraction of
-    cells verified in attribution's order before exact's top 3 are all verified."""
+    cells verified in attribution's order before exact's top 3 are all verified (interp.atp)."""
     args = (model, clean.tokens, corrupted.tokens, metric)
     by_pos, per_head = exact if exact is not None else exact_head_patching(model, clean, corrupted, metric)
+    name = "atp" if steps == 1 else f"ig{steps}"
     found = {}
-    for name, truth, estimate in (("head_out_by_pos", by_pos, attribute_head_out_by_pos(*args, steps=steps)),
-                                  ("head_out", per_head, attribute_head_out(*args, steps=steps))):
-        found[f"spearman_{name}"] = spearman(estimate.values, truth.values)
-        n_cells = truth.values.numel()
-        found[f"verified_{name}"] = verification_cost(estimate, truth, min(3, n_cells)) / n_cells
+    for key, cells, truth in (("head_out_by_pos", "head x pos", by_pos), ("head_out", "head", per_head)):
+        judged = judge_estimates(*args, cells, truth, ig_steps=steps, names=[name])[name]
+        found[f"spearman_{key}"], found[f"verified_{key}"] = judged.spearman, judged.fraction
     return found
 
 
@@ -185,12 +189,42 @@ def worst_missed_head(model: Any, clean: Batch, corrupted: Batch, metric: Callab
     }
 
 
+def cells_key(cells: str) -> str:
+    """The results' name of interp.atp's `cells`: head_out_by_pos, head_out, q_by_pos, q, ..."""
+    kind, over = CELLS[cells]
+    return f"{kind}_by_pos" if "pos" in over else kind
+
+
+def estimates_side_by_side(model: Any, clean: Batch, corrupted: Batch, metric: Callable, ig_steps: int, repeats: int,
+                           k: int = 3) -> dict[str, float]:
+    """AtP*'s yardstick for every estimate of interp.atp on every kind of cells of interp.atp
+    (skipping kinds with no more than k cells): `yardstick.{cells}.{estimate}.verified` (the
+    fraction of the exact sweep verified in the estimate's order until exact's top k are),
+    `.spearman` and `.time_s` (the fastest of `repeats`); `yardstick.{cells}.exact.time_s` (one
+    run of the exact sweep) and `yardstick.{cells}.n_cells`."""
+    args = (model, clean.tokens, corrupted.tokens, metric)
+    results: dict[str, float] = {}
+    for cells, (kind, over) in CELLS.items():
+        started = time.perf_counter()
+        exact = activation_patch(*args, kind, over)
+        if exact.values.numel() <= k:  # every order verifies them all: nothing to judge
+            continue
+        prefix = f"yardstick.{cells_key(cells)}."
+        results[prefix + "n_cells"] = exact.values.numel()
+        results[prefix + "exact.time_s"] = time.perf_counter() - started
+        for name, judged in judge_estimates(*args, cells, exact, ig_steps=ig_steps, k=k, repeats=repeats).items():
+            results.update({prefix + f"{name}.verified": judged.fraction, prefix + f"{name}.spearman": judged.spearman,
+                            prefix + f"{name}.time_s": judged.seconds})
+    return results
+
+
 def run_patching_benchmark(
     model: Any, task: Task, n_pairs: int = 32, seed: int = 0, repeats: int = 3, label_index: int = 0,
     ig_steps: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Times and agreement of exact, TransformerLens and attribution patching on head outputs,
-    with the logit difference at label slot `label_index` (LEGO: variable #label_index)."""
+    with the logit difference at label slot `label_index` (LEGO: variable #label_index); then
+    `estimates_side_by_side` with the largest of `ig_steps` (4 without)."""
     clean, corrupted = unaligned_pairs(task, n_pairs, seed)
     metric = logit_diff_metric(clean, corrupted, label_index)
     args = (model, clean.tokens, corrupted.tokens, metric)
@@ -215,6 +249,7 @@ def run_patching_benchmark(
         **worst_missed_head(model, clean, corrupted, metric),
         **integrated_gradients_tradeoff(model, clean, corrupted, metric, t_exact, cpu_exact, ig_steps, 3 * repeats,
                                         exact_values),
+        **estimates_side_by_side(model, clean, corrupted, metric, max(ig_steps, default=4), 3 * repeats),
     }
 
 
@@ -236,6 +271,8 @@ AT_MOST = {"verified_head_out_by_pos": 0.05}
 
 def print_report(results: dict[str, Any]) -> None:
     for key, value in results.items():
+        if key.startswith("yardstick."):  # printed as one table below
+            continue
         target, ceiling = TARGETS.get(key), AT_MOST.get(key)
         verdict = "" if target is None else f"   target >= {target}: {'met' if value >= target else 'NOT met'}"
         if ceiling is not None:
@@ -245,6 +282,26 @@ def print_report(results: dict[str, Any]) -> None:
         else:
             shown = f"{value:.4g}" if isinstance(value, float) else str(value)
         print(f"{key:36s} {shown:>12s}{verdict}")
+    if any(key.startswith("yardstick.") for key in results):
+        print("\n".join(["", *yardstick_table(results)]))
+
+
+def yardstick_table(results: dict[str, Any], k: int = 3) -> list[str]:
+    """`estimates_side_by_side`'s keys as one table, a row per (cells, estimate)."""
+    lines = [f"AtP*'s yardstick: the fraction of the exact sweep verified in each estimate's order until exact's top {k} "
+             f"cells are all verified (target by position <= {AT_MOST['verified_head_out_by_pos']}); Spearman with "
+             "exact; time (estimates: fastest of the repeats; exact: one run)",
+             f"{'cells':10s} {'n':>5s}  {'estimate':16s} {'verified':>8s} {'spearman':>8s} {'time s':>8s}"]
+    for cells in CELLS:
+        prefix = f"yardstick.{cells_key(cells)}."
+        names = [key[len(prefix):-len(".time_s")] for key in results if key.startswith(prefix) and key.endswith(".time_s")]
+        for name in names:
+            judged = [f"{results.get(prefix + name + measure, math.nan):8.3f}" for measure in (".verified", ".spearman")]
+            if name == "exact":
+                judged = [f"{'':8s}"] * 2
+            lines.append(f"{cells:10s} {results[prefix + 'n_cells']:5d}  {name:16s} {' '.join(judged)} "
+                         f"{results[prefix + name + '.time_s']:8.3f}")
+    return lines
 
 
 def main() -> None:

@@ -22,16 +22,10 @@ import torch
 from transformer_lens import HookedTransformer
 
 from interp import plots
+from interp.atp import Judged, judge_estimates
 from interp.attention import classify_heads
 from interp.circuit import chains_to_logits, circuit_svg, find_circuit, loop_steps
-from interp.patching import (
-    attribute_head_out,
-    logit_diff_metric,
-    patch_head_out,
-    patch_residual,
-    spearman,
-    verification_cost,
-)
+from interp.patching import logit_diff_metric, patch_head_out, patch_residual
 from interp.paths import check_path_patchable, path_patch
 from interp.probes import composite_probe_map, lego_probe_map, percolation_summary
 from interp.report import Report, figure_html, table_html
@@ -124,8 +118,10 @@ def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> dict[
     metric = logit_diff_metric(clean, corrupted, label_index=slot)
     device = next(run.model.parameters()).device
     args = (run.model, clean.tokens.to(device), corrupted.tokens.to(device), metric)
-    heads, attribution = patch_head_out(*args), attribute_head_out(*args)
-    agreement = spearman(attribution.values, heads.values)
+    heads = patch_head_out(*args)
+    # per head: plain attribution, GradDrop and 4-step IG, judged against the exact sweep
+    judged = judge_estimates(*args, "head", heads, ig_steps=4)
+    attribution, agreement = judged["atp"].estimate, judged["atp"].spearman
     return {
         "pairs": description, "n_pairs": len(clean),
         "tokens": run.task.token_strings(clean.tokens[0]),
@@ -134,7 +130,8 @@ def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> dict[
         "heads_attribution": attribution.to_dict(),
         # how far to trust the estimate on this run (README, Known limits); None when a sweep is constant
         "heads_attribution_spearman": agreement if math.isfinite(agreement) else None,
-        "heads_attribution_verified": _verified(attribution, heads),
+        "heads_attribution_verified": _verified(judged["atp"]),
+        "heads_estimates_verified": {name: _verified(one, with_spearman=True) for name, one in judged.items()},
         "paths": _paths_summary(*args, heads),
     }
 
@@ -388,14 +385,33 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
             + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>")
 
 
-def _verified(estimate: Any, exact: Any, k: int = 3) -> dict[str, int] | None:
-    """AtP*'s yardstick: heads verified in attribution's order until exact's top k are found;
-    None when no head changes the metric or the estimate is not finite."""
-    n_cells = exact.values.numel()
-    try:
-        return {"k": min(k, n_cells), "heads": verification_cost(estimate, exact, min(k, n_cells)), "of": n_cells}
-    except ValueError:
+def _verified(judged: Judged, k: int = 3, with_spearman: bool = False) -> dict[str, Any] | None:
+    """AtP*'s yardstick: heads verified in the estimate's order until exact's top k are found (of
+    all heads), and with_spearman its Spearman with exact (None where undefined); None when no head
+    changes the metric or the estimate is not finite."""
+    if judged.verified is None:
         return None
+    found: dict[str, Any] = {"k": min(k, judged.n_cells), "heads": judged.verified, "of": judged.n_cells}
+    if with_spearman:
+        found["spearman"] = judged.spearman if math.isfinite(judged.spearman) else None
+    return found
+
+
+ESTIMATE_NAMES = {"atp": "attribution", "graddrop": "GradDrop", "ig4": "integrated gradients (4 steps)"}
+
+
+def _estimates_cost(patching: dict[str, Any]) -> str:
+    """AtP*'s yardstick for each per-head estimate, and where the rest is measured."""
+    judged = {name: one for name, one in patching.get("heads_estimates_verified", {}).items() if one}
+    if not judged:  # an analysis written before it, or nothing to find
+        return ""
+    one = next(iter(judged.values()))
+    costs = ", ".join(f"{ESTIMATE_NAMES.get(name, name)} {found['heads']} (Spearman "
+                      + ("undefined" if found["spearman"] is None else f"{found['spearman']:.2f}") + ")"
+                      for name, found in judged.items())
+    return (f" Heads verified in each estimate's order until exact's top {one['k']} are found, of {one['of']}: "
+            f"{costs}. For head x position cells and the QK fix on queries and keys, side by side: "
+            f"`workbench benchmark --patching RUN`.")
 
 
 def _agreement_note(patching: dict[str, Any]) -> str:
@@ -406,7 +422,7 @@ def _agreement_note(patching: dict[str, Any]) -> str:
         return "Its agreement with exact patching is undefined: one of the two maps is constant."
     verified = patching.get("heads_attribution_verified")
     cost = ("" if not verified else f" Patching heads exactly in attribution's order finds exact's top {verified['k']} "
-            f"after {verified['heads']} of {verified['of']} heads (AtP*'s yardstick).")
+            f"after {verified['heads']} of {verified['of']} heads (AtP*'s yardstick).") + _estimates_cost(patching)
     gap = abs(patching["heads"]["clean_metric"] - patching["heads"]["corrupted_metric"])
     if gap < MIN_METRIC_GAP:
         return f"Spearman correlation with exact: {agreement:.2f}, of little meaning here (see the warning above).{cost}"

@@ -35,6 +35,11 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     top = set(exact.abs().flatten().topk(verified["k"]).indices.tolist())
     assert verified["heads"] == max(order.index(i) for i in top) + 1 and verified["of"] == n_heads
     assert f"after {verified['heads']} of {n_heads} heads" in page
+    # the same per head for GradDrop and integrated gradients; the rest is benchmark --patching's
+    per_estimate = analysis["patching"]["heads_estimates_verified"]
+    assert set(per_estimate) == {"atp", "graddrop", "ig4"} and per_estimate["atp"]["heads"] == verified["heads"]
+    assert all(1 <= found["heads"] <= n_heads and found["of"] == n_heads for found in per_estimate.values())
+    assert f"GradDrop {per_estimate['graddrop']['heads']} (Spearman" in page and "workbench benchmark --patching" in page
     verdict = analysis["verdict"]  # what the verdict reads from the circuit graph
     if task == "lego":
         assert len(verdict["findings_from_circuit"]) == 1 and verdict["findings_from_circuit"][0].startswith("circuit: ")

@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from analyses.bench_patching import run_patching_benchmark
+from analyses.bench_patching import print_report, run_patching_benchmark, unaligned_pairs
 from interp.patching import (
     activation_patch,
     attribute_head_out,
@@ -19,6 +19,7 @@ from interp.patching import (
     patch_mlp_out,
     patch_residual,
     spearman,
+    verification_cost,
 )
 from models.factory import build_model
 from tasks import CompositeConfig, CompositeTask, LegoConfig, LegoTask, seeded_generator
@@ -327,9 +328,15 @@ def test_spearman_uses_tie_averaged_ranks_and_refuses_different_cells():
     assert math.isnan(spearman(torch.tensor([1.0, float("nan"), float("nan"), 4.0]), a))
 
 
-def test_benchmark_runs_and_agrees_with_transformer_lens():
+@pytest.fixture(scope="module")
+def benchmark():
+    """`workbench benchmark --patching` on a tiny random composite model: its model and results."""
     model = build_model(TINY_MODEL, COMPOSITE)
-    results = run_patching_benchmark(model, COMPOSITE, n_pairs=4, repeats=1, ig_steps=[2])
+    return model, run_patching_benchmark(model, COMPOSITE, n_pairs=4, repeats=1, ig_steps=[2])
+
+
+def test_benchmark_runs_and_agrees_with_transformer_lens(benchmark):
+    _, results = benchmark
     assert results["max_abs_diff_vs_transformer_lens"] <= 1e-4
     assert results["n_cells"] == 2 * COMPOSITE.n_ctx * 2
     assert -1 <= results["spearman_head_out_by_pos"] <= 1
@@ -337,6 +344,27 @@ def test_benchmark_runs_and_agrees_with_transformer_lens():
     # AtP*'s yardstick beside each correlation: a share of the cells, at least the top 3's own
     assert 3 / results["n_cells"] <= results["verified_head_out_by_pos"] <= 1
     assert 0 < results["ig2_verified_head_out"] <= 1
+
+
+def test_benchmark_judges_four_estimates_side_by_side_by_the_verified_fraction(benchmark, capsys):
+    model, results = benchmark
+    estimates = {"head_out_by_pos": ["atp", "graddrop", "ig2"], "head_out": ["atp", "graddrop", "ig2"],
+                 "q_by_pos": ["atp", "qk-fix", "qk-fix+graddrop", "graddrop", "ig2"],  # the QK fix: queries and keys
+                 "q": ["atp", "qk-fix", "qk-fix+graddrop", "graddrop", "ig2"]}
+    for cells, names in estimates.items():
+        for name in names:
+            assert 0 < results[f"yardstick.{cells}.{name}.verified"] <= 1
+            assert -1 <= results[f"yardstick.{cells}.{name}.spearman"] <= 1 and results[f"yardstick.{cells}.{name}.time_s"] > 0
+    # the fraction is AtP*'s verification cost, recomputed here for GradDrop on head x position cells
+    clean, corrupted = unaligned_pairs(COMPOSITE, 4, 0)
+    args = (model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, 0))
+    exact = patch_head_out_by_pos(*args)
+    graddrop = attribution_patch(*args, "head_out", ("pos", "head_index"), grad_drop=True)
+    assert results["yardstick.head_out_by_pos.graddrop.verified"] == verification_cost(graddrop, exact, 3) / exact.values.numel()
+    print_report(results)
+    table = capsys.readouterr().out.split("AtP*'s yardstick")[1].splitlines()
+    assert [line.split()[:3] for line in table[2:5]] == [["head", "x", "pos"]] * 3  # exact, then each estimate
+    assert table[3].split()[4:6] == ["atp", f"{results['yardstick.head_out_by_pos.atp.verified']:.3f}"]
 
 
 def test_exact_patching_of_a_model_with_planted_heads_matches_transformer_lens(gen):
