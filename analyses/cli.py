@@ -229,6 +229,8 @@ def _check_creatable(out: Path) -> None:
     missing = [out, *[p for p in out.parents if not p.exists()]]
     try:
         out.mkdir(parents=True)
+    except FileExistsError:
+        return  # another writer made it meanwhile: the run lock decides which of the two trains
     except OSError as err:
         raise ConfigError(f"--out {out} cannot be created ({err.strerror}); choose a folder you can write") from None
     for folder in missing:

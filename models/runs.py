@@ -96,7 +96,11 @@ def _holder(fd: int) -> str:
 
 def _acquire(path: Path) -> int:
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the empty folder was removed under us (another writer's --out check): again
+            path.parent.mkdir(parents=True, exist_ok=True)
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -310,3 +310,28 @@ def test_report_on_a_damaged_analysis_json_is_exit_2_naming_it(tmp_path, capsys,
     err = capsys.readouterr().err
     assert str(out / "analysis.json") in err and wrong in err, err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_writer_whose_folder_another_writers_check_made_or_removed_still_gets_the_lock(tmp_path, monkeypatch):
+    """The race the twenty-round test once hit: writer A's --out check makes the folder and removes
+    it again. Writer B must then neither be refused as 'cannot be created' (the folder exists
+    because A made it) nor crash opening its lock in a folder A just removed."""
+    from analyses import cli
+    from models import runs
+
+    out = tmp_path / "race"
+    real_mkdir = Path.mkdir
+
+    def made_by_another_writer_first(self, *args, **kwargs):
+        real_mkdir(self, parents=True, exist_ok=True)  # the other writer's check got there first
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", made_by_another_writer_first)
+    cli._check_creatable(out)  # no ConfigError: the folder exists, and the lock will decide
+    monkeypatch.undo()
+    out.rmdir()  # ... and the other writer's check removes it again before this writer locks
+    fd = runs._acquire(out / runs.LOCK)
+    try:
+        assert (out / runs.LOCK).read_text() == str(os.getpid())
+    finally:
+        os.close(fd)
