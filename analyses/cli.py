@@ -387,7 +387,7 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
         if args.names:
             raise ConfigError("workbench zoo list takes no names; use workbench zoo build NAME ...")
         for entry in ZOO.values():
-            print(f"{entry.name:24s} {entry.origin:9s} {status(entry.name, zoo_dir):8s} {entry.about}")
+            print(f"{entry.name:24s} {entry.origin:12s} {status(entry.name, zoo_dir):8s} {entry.about}")
             print(f"{'':24s} rebuild: {entry.command()}  (= workbench train --preset {entry.preset} "
                   + " ".join(f"--set '{o}'" for o in entry.overrides) + ")")
         return 0

@@ -49,9 +49,10 @@ HEAD_ORIGINS = {
 }
 # what a planted LEGO model is not, and where to look instead (analyses/RESULTS.md, "The #2 plateau")
 LEGO_PLANTED_NOTE = (
-    "No plain LEGO model from random init has learned the association hop at this shape on CPU (26 letters: "
-    "analyses/RESULTS.md, \"The #2 plateau\"). For a model whose association head was learned, after mimicking "
-    "pre-training, run <code>workbench analyze zoo/lego-mimic-long</code> (its L1H3 is a learned association head).")
+    "No plain LEGO model from random init has learned the association hop at this shape on CPU (26 letters, batch "
+    "128: analyses/RESULTS.md, \"The #2 plateau\"). Plain models that did learn it, nothing planted or mimicked: "
+    "<code>workbench analyze zoo/lego-association</code> (six letters, batch 512, one hop; L2H3 is a learned "
+    "association head) and <code>zoo/lego-three-hops</code> (a curriculum from it: n = 8, #0-#4, three hops).")
 
 
 def heads_origin_html(run: LoadedRun) -> str:
