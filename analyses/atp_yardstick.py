@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from interp.analysis import counterfactual_pairs
-from interp.atp import CELLS, judge_estimates
-from interp.patching import activation_patch, logit_diff_metric
+from interp.atp import judge_all_cells
+from interp.patching import logit_diff_metric
 from models.runs import load_run
 
 BUDGETS = (0.05, 0.10, 0.25, 0.50, 0.75)  # fractions of the exact sweep verified in the estimate's order
@@ -38,15 +38,10 @@ BUDGETS = (0.05, 0.10, 0.25, 0.50, 0.75)  # fractions of the exact sweep verifie
 def yardstick(run: Any, n_pairs: int, k: int, ig_steps: int, seed: int = 0) -> dict[tuple[str, str], tuple[float, float, int]]:
     """(cells, estimate) -> (fraction of the exact sweep to verify, Spearman, number of cells)."""
     clean, corrupted, slot, _ = counterfactual_pairs(run.task, n_pairs, seed, run.model)
-    args = (run.model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, slot))
-    found = {}
-    for cells, (kind, over) in CELLS.items():
-        exact = activation_patch(*args, kind, over)
-        if exact.values.numel() <= k:  # every order verifies them all: nothing to judge
-            continue
-        for name, judged in judge_estimates(*args, cells, exact, ig_steps=ig_steps, k=k).items():
-            found[cells, name] = (judged.fraction, judged.spearman, judged.n_cells)
-    return found
+    metric = logit_diff_metric(clean, corrupted, slot)
+    judged = judge_all_cells(run.model, clean.tokens, corrupted.tokens, metric, ig_steps=ig_steps, k=k)
+    return {(cells, name): (one.fraction, one.spearman, one.n_cells)
+            for cells, kinds in judged.items() for name, one in kinds.estimates.items()}
 
 
 def recovery_curve(fractions: list[float], budgets: tuple[float, ...] = BUDGETS) -> list[float]:

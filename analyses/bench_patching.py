@@ -39,10 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from interp.atp import CELLS, judge_estimates
+from interp.atp import CELLS, judge_all_cells, judge_estimates
 from interp.patching import (
     PatchResult,
-    activation_patch,
     attribute_head_out,
     attribute_head_out_by_pos,
     logit_diff_metric,
@@ -202,19 +201,15 @@ def estimates_side_by_side(model: Any, clean: Batch, corrupted: Batch, metric: C
     fraction of the exact sweep verified in the estimate's order until exact's top k are),
     `.spearman` and `.time_s` (the fastest of `repeats`); `yardstick.{cells}.exact.time_s` (one
     run of the exact sweep) and `yardstick.{cells}.n_cells`."""
-    args = (model, clean.tokens, corrupted.tokens, metric)
     results: dict[str, float] = {}
-    for cells, (kind, over) in CELLS.items():
-        started = time.perf_counter()
-        exact = activation_patch(*args, kind, over)
-        if exact.values.numel() <= k:  # every order verifies them all: nothing to judge
-            continue
+    judged = judge_all_cells(model, clean.tokens, corrupted.tokens, metric, ig_steps=ig_steps, k=k, repeats=repeats)
+    for cells, kinds in judged.items():
         prefix = f"yardstick.{cells_key(cells)}."
-        results[prefix + "n_cells"] = exact.values.numel()
-        results[prefix + "exact.time_s"] = time.perf_counter() - started
-        for name, judged in judge_estimates(*args, cells, exact, ig_steps=ig_steps, k=k, repeats=repeats).items():
-            results.update({prefix + f"{name}.verified": judged.fraction, prefix + f"{name}.spearman": judged.spearman,
-                            prefix + f"{name}.time_s": judged.seconds})
+        results[prefix + "n_cells"] = kinds.exact.values.numel()
+        results[prefix + "exact.time_s"] = kinds.exact_seconds
+        for name, one in kinds.estimates.items():
+            results.update({prefix + f"{name}.verified": one.fraction, prefix + f"{name}.spearman": one.spearman,
+                            prefix + f"{name}.time_s": one.seconds})
     return results
 
 

@@ -414,15 +414,11 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         results = run_patching_benchmark(run.model, run.task, repeats=repeats, label_index=args.label_index)
         print_report({**results, **agreement_at_init(run, 32, 0, args.label_index)})
         return 0
-    import torch
-
     from analyses.benchmark import run_benchmarks, run_device_benchmark
+    from models.train import resolve_device
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("benchmark --device cuda but no CUDA device is available (torch.cuda.is_available() "
-                          "is False); use --device cpu, or a machine with an NVIDIA GPU and a CUDA build of torch")
     if args.device:
-        run_device_benchmark(torch.device(args.device), quick=args.quick)
+        run_device_benchmark(resolve_device(args.device, setting="benchmark --device"), quick=args.quick)
         return 0
     run_benchmarks(quick=args.quick)
     return 0

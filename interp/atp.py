@@ -22,7 +22,7 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from interp.patching import Metric, PatchResult, attribution_patch, spearman, verification_cost
+from interp.patching import Metric, PatchResult, activation_patch, attribution_patch, spearman, verification_cost
 
 # cells: name -> (kind, over) of activation_patch / attribution_patch
 CELLS = {"head x pos": ("head_out", ("pos", "head_index")), "head": ("head_out", ("head_index",)),
@@ -70,6 +70,34 @@ def judge_estimates(
                                            **options), repeats)
         found[name] = Judged(estimate, _verified(estimate, exact, min(k, n_cells)), n_cells,
                              spearman(estimate.values, exact.values), seconds)
+    return found
+
+
+@dataclass
+class CellsJudged:
+    """Every estimate against the exact sweep on one kind of cells."""
+
+    exact: PatchResult
+    exact_seconds: float  # one run of the exact sweep
+    estimates: dict[str, Judged]
+
+
+def judge_all_cells(
+    model: HookedTransformer, clean_tokens: Int[Tensor, "batch pos"], corrupted_tokens: Int[Tensor, "batch pos"],
+    metric: Metric, *, ig_steps: int = 4, k: int = 3, repeats: int = 1,
+) -> dict[str, CellsJudged]:
+    """`judge_estimates` on every kind of CELLS, each against its own exact sweep; kinds with no
+    more than k cells are left out (any order verifies them all: nothing to judge)."""
+    args = (model, clean_tokens, corrupted_tokens, metric)
+    found = {}
+    for cells, (kind, over) in CELLS.items():
+        started = time.perf_counter()
+        exact = activation_patch(*args, kind, over)
+        seconds = time.perf_counter() - started
+        if exact.values.numel() <= k:
+            continue
+        found[cells] = CellsJudged(exact, seconds, judge_estimates(*args, cells, exact, ig_steps=ig_steps, k=k,
+                                                                   repeats=repeats))
     return found
 
 

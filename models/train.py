@@ -73,7 +73,7 @@ def resolve_device(name: str, setting: str = "train.device") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{setting}='cuda' but no CUDA device is available (torch.cuda.is_available() is False); "
-                          "use --device auto or cpu")
+                          "use --device cpu, or a machine with an NVIDIA GPU and a CUDA build of torch")
     return torch.device(name)
 
 
