@@ -50,6 +50,20 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_options(demo)
     demo.set_defaults(run=_cmd_demo)
 
+    curriculum = sub.add_parser("curriculum", help="train a recipe in stages, each starting from the last one's weights",
+                                description="Train every stage of a curriculum into OUT/<stage> (resumably: a "
+                                            "finished stage is kept, a partial one continues). Nothing is planted "
+                                            "or mimicked; each stage starts from the weights of the one before it. "
+                                            "Example: workbench curriculum lego-three-hops --out runs/three-hops "
+                                            "--set model.tie_layers=true --set train.seed=1")
+    curriculum.add_argument("name", nargs="?", help="the curriculum, e.g. lego-three-hops")
+    curriculum.add_argument("--list", action="store_true", help="list the curricula with their stages and exit")
+    curriculum.add_argument("--out", type=Path, help="folder of the stages' run folders")
+    curriculum.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                            help="override a value in every stage, e.g. --set train.seed=1 (repeatable)")
+    curriculum.add_argument("--no-progress", action="store_true", help="no progress bars")
+    curriculum.set_defaults(run=_cmd_curriculum)
+
     analyze = sub.add_parser("analyze", help="look inside a trained run: heads, patching, probes, verdict")
     analyze.add_argument("run_dir", type=Path)
     analyze.add_argument("--samples", type=int, default=512, help="test sentences for head scores (default 512)")
@@ -236,6 +250,30 @@ def _check_creatable(out: Path) -> None:
     for folder in missing:
         with contextlib.suppress(OSError):
             folder.rmdir()
+
+
+def _cmd_curriculum(args: argparse.Namespace) -> int:
+    from models.curriculum import CURRICULA, get_curriculum, train_curriculum
+
+    if args.list:
+        for c in CURRICULA.values():
+            print(f"{c.name}: {c.about}\n  preset {c.preset}, every stage: {' '.join(c.common)}")
+            for stage in c.stages:
+                print(f"  {stage.name}: {' '.join(stage.overrides)}")
+        return 0
+    if not args.name or args.out is None:
+        raise ConfigError("name a curriculum and its folder: workbench curriculum NAME --out DIR "
+                          "(workbench curriculum --list names them)")
+    curriculum = get_curriculum(args.name)
+    curriculum.configs(curriculum.folders(args.out), args.overrides)  # a bad --set is refused before anything trains
+    started = time.perf_counter()
+    results = train_curriculum(curriculum, args.out, args.overrides, progress=not args.no_progress)
+    for r in results:
+        acc = " ".join(f"{a:.3f}" for a in r.final.get("acc_per_var", []))
+        print(f"{r.name:18s} {r.state:8s} {r.seconds:7.0f} s  step {r.final.get('step')}  acc per variable: {acc}")
+    print(f"curriculum {curriculum.name}: {sum(r.seconds for r in results):.0f} s of training over "
+          f"{len(results)} stages ({time.perf_counter() - started:.0f} s in this call) -> {args.out}")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -6,10 +6,14 @@ one trained (percolation and heads reuse the extrapolation models) finds it fini
 it. Scales:
 
 - tiny: seconds per model; only checks that everything runs.
-- cpu: the `lego-cpu` recipe (n = 6 variables, 4 layers, d 64, rotary, 3,000 steps). Plain
-  models never learned variable #2 on CPU (analyses/RESULTS.md), so "bert" and "albert" are
-  the paper's *hybrid*: one planted association head in each of layers 1-3, the rest learned;
-  "albert" ties all layers. "standard" is the plain model.
+- cpu: "bert", "albert" and "albert-sd" are **learned**: plain models (nothing planted or
+  mimicked) trained by the `lego-three-hops` curriculum (models/curriculum.py): one hop with six
+  letters, then #0-#4 of n = 6, then #0-#4 of n = 8 with eight letters, each stage starting from
+  the last one's weights; 4 layers, d 64, rotary, compiled bf16. #5-#7 are never supervised, so
+  they measure extrapolation. Each such model is about 30 minutes of one core (RESULTS.md), its
+  first stages in `<pool>/stages/`. "albert" ties all layers. The other kinds keep the
+  `lego-cpu` recipe (n = 6, #0-#2): "standard" is its plain model, "mimic", "hardcoded" and
+  "hybrid3" plant or mimic heads as named, the ground-truth experiments they are.
 - gpu: the `lego-gpu` preset for one GPU: n = 12, #0-#5 supervised (so #6-#11 measure
   extrapolation), 8 layers of d 256 (12 for the deeper pair), batch 512, bf16, 20,000 steps.
   Sized by FLOP count, an estimate: 1.25 TFLOP per step at 8 layers and 1.87 at 12 (torch's
@@ -43,6 +47,7 @@ from interp.probes import lego_probe_map, percolation_summary, resolved_depths
 from interp.report import figure_html, table_html
 from interp.solutions import last_learned_before_middle, learned_steps, lego_parity_rules
 from models.config import ModelConfig, RunConfig, TrainConfig
+from models.curriculum import LEGO_THREE_HOPS, Curriculum, Stage
 from models.presets import get_preset
 from models.runs import CONFIG, MIMIC, load_run, read_config, read_metrics, run_state
 from tasks import ConfigError, LegoConfig, make_task, seeded_generator
@@ -102,19 +107,36 @@ def variant(scale: str, kind: str, seed: int = 0, layers: int | None = None, **t
     return RunConfig(task=dataclasses.replace(cfg.task, **task), model=model, train=train)
 
 
-def seeds(ctx: StudyContext) -> list[int]:
-    """The seeds of the comparisons: `--seeds` when given, else one at cpu scale (each model is
-    minutes of CPU), two at gpu scale and three for the paper. Studies that analyse a single
-    model (shortcut) take the first."""
-    return ctx.seeds_or({"paper": [0, 1, 2], "gpu": [0, 1]}.get(ctx.scale, [0]))
+# tiny's curriculum: the cpu one's shape in seconds (two stages: #0-#1 of 4, then #0-#2 of 5)
+TINY_CURRICULUM = Curriculum(
+    name="lego-tiny", preset="lego-cpu",
+    common=("model.planted={}", "model.n_layers=2", "model.d_model=24", "model.n_heads=3", "train.batch_size=16",
+            "train.warmup_steps=2", "train.eval_every=4", "train.eval_size=64", "train.checkpoint_every=8"),
+    stages=(Stage("1", ("task.n_vars=4", "task.n_supervised=2", "train.steps=8")),
+            Stage("2", ("task.n_vars=5", "task.n_supervised=3", "train.steps=8"))),
+    about="smoke test of the study's curriculum path")
+
+LEARNED_KINDS = ("bert", "albert", "albert-sd")  # at tiny and cpu scale: trained by the scale's curriculum
+
+
+def curriculum(scale: str) -> Curriculum | None:
+    """The curriculum that trains the learned "bert"/"albert" models of a scale; None where they
+    are trained in one run (gpu: plain; paper: the hybrid)."""
+    return {"tiny": TINY_CURRICULUM, "cpu": LEGO_THREE_HOPS}.get(scale)
+
+
+def seeds(ctx: StudyContext, cpu: tuple[int, ...] = (0,)) -> list[int]:
+    """The seeds of the comparisons: `--seeds` when given, else `cpu` at cpu scale (one, or two for
+    the BERT vs ALBERT comparisons of learned models), two at gpu scale, three for the paper, one
+    at tiny. Studies that analyse a single model (shortcut) take the first."""
+    return ctx.seeds_or({"paper": [0, 1, 2], "gpu": [0, 1], "cpu": list(cpu)}.get(ctx.scale, [0]))
 
 
 def depths(scale: str) -> list[int]:
-    """Depths of the extrapolation comparison. A for-loop needs about one layer per chain step
-    (the probe map of the 4-layer ALBERT reaches depth 2 at its last layer), so 4 layers cannot
-    compute #3 however they are trained; 6 leave room to extrapolate. gpu: 8 and 12 layers, so
-    the deeper pair has a layer per chain step up to #11."""
-    return {"tiny": [2, 3], "cpu": [4, 6], "gpu": [8, 12], "paper": [12]}[scale]
+    """Depths of the extrapolation comparison. cpu: the curriculum's 4 layers, which follow
+    three hops (#4; RESULTS.md). gpu: 8 and 12 layers, so the deeper pair has a layer per chain
+    step up to #11."""
+    return {"tiny": [2, 3], "cpu": [4], "gpu": [8, 12], "paper": [12]}[scale]
 
 
 def pool_cell(scale: str, kind: str, seed: int, layers: int | None = None, *tags: str) -> Cell:
@@ -124,6 +146,32 @@ def pool_cell(scale: str, kind: str, seed: int, layers: int | None = None, *tags
     return Cell(kind, seed, (*tags, *((f"L{layers}",) if deeper else ())))
 
 
+def plan(ctx: StudyContext, kind: str, seed: int, layers: int | None = None, *tags: str,
+         **task: Any) -> tuple[Cell, list[RunConfig]]:
+    """A pool model and the configs that train it: one, or a curriculum's stages (the learned
+    kinds at tiny and cpu scale), the last of which is the model's. The earlier stages train in
+    `<pool>/stages/<cell>-<stage>`. `task` changes the last stage (what it supervises), except the
+    group, which every stage shares."""
+    cell = pool_cell(ctx.scale, kind, seed, layers, *tags)
+    course = curriculum(ctx.scale) if kind in LEARNED_KINDS else None
+    if course is None:
+        return cell, [variant(ctx.scale, kind, seed, layers, **task)]
+    every = [f"train.seed={seed}", f"model.tie_layers={str(kind != 'bert').lower()}"]
+    if layers is not None:
+        every.append(f"model.n_layers={layers}")
+    if kind == "albert-sd":
+        every.append(f"model.min_depth={max(1, (layers or get_preset(course.preset).model.n_layers) // 2)}")
+    if "group" in task:
+        every.append(f"task.group={task.pop('group')}")
+    folders = [pool_dir(ctx) / "stages" / f"{cell.name}-{stage.name}" for stage in course.stages[:-1]]
+    return cell, course.configs([*folders, pool_dir(ctx) / cell.name], every,
+                                [f"task.{key}={json.dumps(value)}" for key, value in task.items()])
+
+
+def last_stages(planned: dict[Cell, list[RunConfig]]) -> dict[Cell, RunConfig]:
+    return {cell: configs[-1] for cell, configs in planned.items()}
+
+
 # ---------------------------------------------------------------- running and reading models
 
 
@@ -131,7 +179,21 @@ def pool_dir(ctx: StudyContext) -> Path:
     return ctx.out.parent / f"lego-runs-{ctx.scale}"
 
 
-def train_pool(ctx: StudyContext, cells: dict[Cell, RunConfig]) -> dict[str, CellResult]:
+def train_pool(ctx: StudyContext, cells: dict[Cell, RunConfig | list[RunConfig]]) -> dict[str, CellResult]:
+    """Train the cells into the pool: a cell planned as a curriculum's stages trains them in
+    rounds (every cell's first stage, then every cell's second ...), each round through
+    run_cells (so `--workers` train cells side by side, and a killed study resumes)."""
+    staged = {cell: configs for cell, configs in cells.items() if isinstance(configs, list) and len(configs) > 1}
+    for i in range(max((len(configs) for configs in staged.values()), default=1) - 1):
+        stage = {Path(configs[i + 1].train.init_from).name: configs[i]
+                 for configs in staged.values() if i + 1 < len(configs)}
+        done = ctx.run_cells(stage, pool_dir(ctx) / "stages")
+        failed = {name: r.error or r.status for name, r in done.items() if r.status != "done"}
+        if failed:
+            print(f"warning: curriculum stages failed, their models are left out: {failed}")
+            staged = {c: cfgs for c, cfgs in staged.items() if Path(cfgs[i + 1].train.init_from).name not in failed}
+    cells = {cell: configs[-1] if isinstance(configs, list) else configs for cell, configs in cells.items()
+             if not isinstance(configs, list) or len(configs) == 1 or cell in staged}
     results = ctx.run_cells(cells, pool_dir(ctx))
     failed = {name: r.error for name, r in results.items() if r.status == "failed"}
     if failed:
@@ -220,9 +282,10 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2") -> dict[str, Any]:
     """Finding 2: train on the first k of n variables; does ALBERT extrapolate beyond k better than BERT?"""
     tags = () if group == "z2" else (group,)
     layer_options = depths(ctx.scale) if group == "z2" else depths(ctx.scale)[:1]
-    cells = {pool_cell(ctx.scale, kind, seed, layers, *tags): variant(ctx.scale, kind, seed, layers, group=group)
-             for layers in layer_options for kind in ("bert", "albert") for seed in seeds(ctx)}
-    train_pool(ctx, cells)
+    planned = dict(plan(ctx, kind, seed, layers, *tags, group=group)
+                   for layers in layer_options for kind in ("bert", "albert") for seed in seeds(ctx, cpu=(0, 1)))
+    train_pool(ctx, planned)
+    cells = last_stages(planned)
     rows, table = accuracy_rows(ctx, cells)
     supervised = supervised_mask(next(iter(cells.values())))
     first = supervised.index(False) if False in supervised else None
@@ -277,9 +340,9 @@ def _rules_section(rules: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
 def percolation_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 3: the (layer x depth) probe map of BERT and ALBERT; is ALBERT's closer to one layer per step?"""
     layers = depths(ctx.scale)[-1]
-    cells = {pool_cell(ctx.scale, kind, seed, layers): variant(ctx.scale, kind, seed, layers)
-             for seed in seeds(ctx) for kind in ("bert", "albert")}
-    train_pool(ctx, cells)
+    planned = dict(plan(ctx, kind, seed, layers) for seed in seeds(ctx, cpu=(0, 1)) for kind in ("bert", "albert"))
+    train_pool(ctx, planned)
+    cells = last_stages(planned)
     maps, sections, headline = {}, [], {}
     n = {"tiny": (200, 200), "cpu": (3000, 2000), "gpu": (3000, 2000), "paper": (3000, 2000)}[ctx.scale]
     for name in (cell.name for cell in cells):
@@ -300,10 +363,9 @@ def percolation_study(ctx: StudyContext) -> dict[str, Any]:
 def stochastic_depth_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 4: ALBERT with a depth drawn per batch (full depth at test) vs fixed depth."""
     layers = depths(ctx.scale)[-1]
-    cells = {pool_cell(ctx.scale, kind, seed, layers): variant(ctx.scale, kind, seed, layers)
-             for kind in ("albert", "albert-sd") for seed in seeds(ctx)}
-    train_pool(ctx, cells)
-    return _comparison(ctx, cells, "LEGO: stochastic depth for ALBERT (Figure 5)")
+    planned = dict(plan(ctx, kind, seed, layers) for kind in ("albert", "albert-sd") for seed in seeds(ctx, cpu=(0, 1)))
+    train_pool(ctx, planned)
+    return _comparison(ctx, last_stages(planned), "LEGO: stochastic depth for ALBERT (Figure 5)")
 
 
 def mimic_study(ctx: StudyContext) -> dict[str, Any]:
@@ -347,15 +409,17 @@ def _comparison(ctx: StudyContext, cells: dict[Cell, RunConfig], title: str,
 def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 7: (a) trained on every variable, is the last one learned first, and how is it
     computed? (b) supervising #0..#k-2 plus the last vs #0..#k-1: extrapolation to the middle."""
-    n_sup = base_config(ctx.scale).task.n_supervised
     seed = seeds(ctx)[0]
     every = Cell("standard", seed, ("all",))
-    cells = {
-        every: variant(ctx.scale, "standard", seed, supervision="all"),
-        Cell("bert", seed): variant(ctx.scale, "bert", seed),
-        Cell("bert", seed, ("lastsup",)): variant(ctx.scale, "bert", seed, supervision="first+last", n_supervised=n_sup - 1),
+    bert, bert_configs = plan(ctx, "bert", seed)
+    n_sup = bert_configs[-1].task.n_supervised
+    planned = {
+        every: [variant(ctx.scale, "standard", seed, supervision="all")],
+        bert: bert_configs,
+        **dict([plan(ctx, "bert", seed, None, "lastsup", supervision="first+last", n_supervised=n_sup - 1)]),
     }
-    train_pool(ctx, cells)
+    train_pool(ctx, planned)
+    cells = last_stages(planned)
     all_name = every.name
     metrics = read_metrics(pool_dir(ctx) / all_name)
     n_vars = cells[every].task.n_vars
@@ -366,7 +430,7 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
     shortcut_75 = last_learned_before_middle(steps_75)
     evidence = _last_variable_evidence(ctx, all_name) if metrics else {}
     rows, table = accuracy_rows(ctx, {k: v for k, v in cells.items() if k != every})
-    middle = list(range(n_sup, n_vars - 1))  # unsupervised in both (b) models
+    middle = list(range(n_sup, cells[bert].task.n_vars - 1))  # unsupervised in both (b) models
     middle_acc = {n: round(float(np.mean([acc[i] for i in middle])), 4) for n, acc in table.items()} if middle else {}
     headline = {"learned_step_all_supervised": steps, "last_learned_before_middle": shortcut,
                 "reached_75_step": steps_75, "last_reached_75_before_middle": shortcut_75,
@@ -379,7 +443,7 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
          + f"<p class='verdict'>last variable learned (95%) before the middle ones: {shortcut}; "
            f"reached 75% before them: {shortcut_75}</p>"),
         ("(a) How the last variable is computed", _evidence_html(evidence)),
-        ("(b) #0..#k-2 plus the last vs #0..#k-1", table_html(rows, ["model", *[f"#{i}" for i in range(n_vars)]])
+        ("(b) #0..#k-2 plus the last vs #0..#k-1", table_html(rows, ["model", *[f"#{i}" for i in range(cells[bert].task.n_vars)]])
          + f"<p>Mean accuracy on the middle variables {middle} (unsupervised in both): {middle_acc}.</p>"
          + "".join(curves_html(ctx, cell.name, c, cell.name) for cell, c in cells.items() if cell.name in table)),
     ]
@@ -441,8 +505,7 @@ def _evidence_html(evidence: dict[str, Any]) -> str:
 
 def heads_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 5: head labels of every trained model in the pool, and the heads the answer depends on."""
-    cells = {Cell(kind, seed): variant(ctx.scale, kind, seed) for kind in ("bert", "albert") for seed in seeds(ctx)}
-    train_pool(ctx, cells)
+    train_pool(ctx, dict(plan(ctx, kind, seed) for kind in ("bert", "albert") for seed in seeds(ctx, cpu=(0, 1))))
     names = sorted(p.name for p in pool_dir(ctx).iterdir() if finished(p))  # not one still training
     rows, per_model, counts = [], {}, {"association": 0, "manipulation": 0}
     for name in names:

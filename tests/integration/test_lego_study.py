@@ -6,8 +6,8 @@ import json
 import pytest
 
 from analyses.cli import main
-from analyses.studies.lego import STUDIES, supervised_mask, variant
-from analyses.study import all_studies, run_study
+from analyses.studies.lego import STUDIES, TINY_CURRICULUM, plan, supervised_mask, variant
+from analyses.study import StudyContext, all_studies, run_study
 from models.runs import read_config
 
 LEGO = [study.name for study in STUDIES]
@@ -35,6 +35,27 @@ def test_the_models_are_shared_between_studies_and_match_their_names(root):
     before = (pool / "bert-L3-s0" / "metrics.jsonl").stat().st_mtime_ns
     run_study("lego-percolation", root / "b", "tiny", progress=False)  # reuses bert-L3-s0, albert-L3-s0
     assert (pool / "bert-L3-s0" / "metrics.jsonl").stat().st_mtime_ns == before
+
+
+def test_bert_and_albert_are_learned_by_the_scales_curriculum_each_stage_from_the_last(root):
+    run_study("lego-extrapolation", root / "a", "tiny", progress=False)
+    pool, stages = root / "lego-runs-tiny", TINY_CURRICULUM.stages
+    for name in ("bert-s0", "albert-s0", "albert-L3-s0"):
+        first, last = read_config(pool / "stages" / f"{name}-{stages[0].name}"), read_config(pool / name)
+        assert first.train.init_from is None and last.train.init_from == str(pool / "stages" / f"{name}-{stages[0].name}")
+        assert first.model.planted == last.model.planted == {} and first.heads_origin == "learned"
+        assert last.heads_origin == "warm-started"  # from the learned first stage: learned too
+        assert (first.task.n_vars, first.task.n_supervised, last.task.n_vars, last.task.n_supervised) == (4, 2, 5, 3)
+        assert first.model.tie_layers == last.model.tie_layers == name.startswith("albert")
+        assert first.model.n_layers == last.model.n_layers == (3 if "L3" in name else 2)
+        assert json.loads((pool / name / "init.json").read_text())  # where its starting weights came from
+    planned = plan(StudyContext(out=root / "a", scale="cpu"), "albert-sd", 1)[1]
+    assert [c.task.n_vars for c in planned] == [6, 6, 8] and all(c.model.min_depth == 2 and c.train.seed == 1
+                                                                  and c.model.tie_layers for c in planned)
+    lastsup = plan(StudyContext(out=root / "a", scale="cpu"), "bert", 0, None, "lastsup", group="z2",
+                   supervision="first+last", n_supervised=4)[1]
+    assert supervised_mask(lastsup[-1]) == [True] * 4 + [False] * 3 + [True]
+    assert all(c.task.supervision == "first" for c in lastsup[:-1])  # the earlier stages keep the curriculum's
 
 
 def test_variants_differ_only_where_they_say():
@@ -66,7 +87,7 @@ def test_seeds_option_trains_every_seed_and_averages_them(root, capsys):
     assert {"bert-s1", "albert-L3-s1"} <= set(results["final_acc"]) and (pool / "bert-s1" / "model.safetensors").exists()
     assert read_config(pool / "bert-s1").train.seed == 1
     rules = results["parity_rules"]["albert-L3-s1"]  # what each model computes, variable by variable
-    assert len(rules) == 4 and all(0.5 <= r["agreement"] <= 1 for r in rules)
+    assert len(rules) == read_config(pool / "albert-L3-s1").task.n_vars and all(0.5 <= r["agreement"] <= 1 for r in rules)
     assert set(results["headline"]["unsupervised_rules"]) == set(results["final_acc"])
     for name, acc in results["final_acc"].items():  # read back from each run's own metrics, by hand
         records = [json.loads(line) for line in (pool / name / "metrics.jsonl").read_text().splitlines()]

@@ -1,37 +1,44 @@
-"""The LEGO experiments at cpu scale, as RESULTS.md reports them (`make test-slow`; about an hour
-for all eight on two cores: 14 models of 5-13 minutes, shared through one pool)."""
+"""LEGO at cpu scale (`make test-slow`), bounded to about an hour and a half on two cores:
+
+- the recipe the cpu studies' learned models come from: the `lego-three-hops` curriculum must
+  fit #0-#4 of n = 8 (three association hops) within 60 minutes on two cores, nothing planted;
+- the ground-truth experiments (mimicking, hardcoded heads), which keep the `lego-cpu` recipe,
+  each within 30 minutes.
+
+The studies of learned models (extrapolation, percolation, stochastic depth, heads, shortcut,
+S3) train several curricula each, up to about two hours on two cores; they are not repeated
+here. Their code runs end to end at tiny scale (tests/integration/test_lego_study.py), and the
+learned models they report are checked in the zoo (tests/integration/test_zoo.py)."""
 
 import time
 
 import pytest
+import torch
 
-from analyses.studies.lego import STUDIES
 from analyses.study import run_study
+from models.curriculum import LEGO_THREE_HOPS, train_curriculum
+from models.train import bf16_supported
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("lego-cpu")
+def test_the_three_hop_curriculum_fits_five_variables_of_eight_within_an_hour_on_two_cores(tmp_path):
+    if not bf16_supported(torch.device("cpu")):
+        pytest.skip("the curriculum trains in bf16; this CPU has no bf16 kernels")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = train_curriculum(LEGO_THREE_HOPS, tmp_path, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert sum(r.seconds for r in results) < 3600
+    acc = results[-1].final["acc_per_var"]
+    assert len(acc) == 8 and min(acc[:5]) >= 0.98, acc
 
 
-@pytest.mark.parametrize("name", [study.name for study in STUDIES])
-def test_each_experiment_finishes_within_30_minutes_on_two_cores(root, name):
+@pytest.mark.parametrize("name", ["lego-mimic", "lego-hardcoded"])
+def test_each_ground_truth_experiment_finishes_within_30_minutes_on_two_cores(tmp_path, name):
     started = time.perf_counter()
-    results = run_study(name, root / name, "cpu", workers=2, progress=False)
+    results = run_study(name, tmp_path / name, "cpu", workers=2, progress=False)
     assert time.perf_counter() - started < 1800
-    assert (root / name / "report.html").exists() and results["headline"]
-
-
-def test_supervised_variables_are_fitted_and_the_last_one_is_learned_without_the_middle(root):
-    extrapolation = run_study("lego-extrapolation", root / "lego-extrapolation", "cpu", workers=2, progress=False)
-    for name, acc in extrapolation["final_acc"].items():
-        assert min(acc[:3]) >= 0.98, name  # the hybrid recipe fits #0-#2 at any depth, tied or not
-    for name, rules in extrapolation["parity_rules"].items():  # why none extrapolates (RESULTS.md)
-        assert all(rule["true"] for rule in rules[:3]), name
-        assert not rules[3]["true"] and rules[3]["agreement"] >= 0.75, name  # a fixed-hop rule, not noise
-    shortcut = run_study("lego-shortcut", root / "lego-shortcut", "cpu", workers=2, progress=False)
-    acc = shortcut["headline"]["final_acc_all_supervised"]
-    assert acc[-1] >= max(acc[2:-1]) + 0.15  # trained on all: the last variable beats every middle one
-    assert shortcut["final_acc"]["bert-lastsup-s0"][-1] >= 0.98  # supervised #0, #1, #5: the last is learned
+    assert (tmp_path / name / "report.html").exists() and results["headline"]
