@@ -9,8 +9,9 @@ it. Scales:
 - cpu: "bert", "albert" and "albert-sd" are **learned**: plain models (nothing planted or
   mimicked) trained by the `lego-three-hops` curriculum (models/curriculum.py): one hop with six
   letters, then #0-#4 of n = 6, then #0-#4 of n = 8 with eight letters, each stage starting from
-  the last one's weights; 4 layers, d 64, rotary, compiled bf16. #5-#7 are never supervised, so
-  they measure extrapolation. Each such model is about 30 minutes of one core (RESULTS.md), its
+  the last one's weights; 4 layers, d 64, rotary, compiled bf16 (the tied kinds: the
+  `lego-three-hops-albert` curriculum, whose first stage is 6,000 steps). #5-#7 are never
+  supervised, so they measure extrapolation. Each such model is about 30 minutes of one core (RESULTS.md), its
   first stages in `<pool>/stages/`. "albert" ties all layers. The other kinds keep the
   `lego-cpu` recipe (n = 6, #0-#2): "standard" is its plain model, "mimic", "hardcoded" and
   "hybrid3" plant or mimic heads as named, the ground-truth experiments they are.
@@ -47,7 +48,7 @@ from interp.probes import lego_probe_map, percolation_summary, resolved_depths
 from interp.report import figure_html, table_html
 from interp.solutions import last_learned_before_middle, learned_steps, lego_parity_rules
 from models.config import ModelConfig, RunConfig, TrainConfig
-from models.curriculum import LEGO_THREE_HOPS, Curriculum, Stage
+from models.curriculum import LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT, Curriculum, Stage
 from models.presets import get_preset
 from models.runs import CONFIG, MIMIC, load_run, read_config, read_metrics, run_state
 from tasks import ConfigError, LegoConfig, make_task, seeded_generator
@@ -119,10 +120,15 @@ TINY_CURRICULUM = Curriculum(
 LEARNED_KINDS = ("bert", "albert", "albert-sd")  # at tiny and cpu scale: trained by the scale's curriculum
 
 
-def curriculum(scale: str) -> Curriculum | None:
-    """The curriculum that trains the learned "bert"/"albert" models of a scale; None where they
-    are trained in one run (gpu: plain; paper: the hybrid)."""
-    return {"tiny": TINY_CURRICULUM, "cpu": LEGO_THREE_HOPS}.get(scale)
+def curriculum(scale: str, kind: str = "bert") -> Curriculum | None:
+    """The curriculum that trains a learned kind of a scale (cpu: `lego-three-hops`, for the tied
+    kinds `lego-three-hops-albert`); None where the kind trains in one run (gpu: plain; paper:
+    the hybrid; the other kinds)."""
+    if kind not in LEARNED_KINDS:
+        return None
+    if scale == "cpu":
+        return LEGO_THREE_HOPS if kind == "bert" else LEGO_THREE_HOPS_ALBERT
+    return TINY_CURRICULUM if scale == "tiny" else None
 
 
 def seeds(ctx: StudyContext, cpu: tuple[int, ...] = (0,)) -> list[int]:
@@ -153,7 +159,7 @@ def plan(ctx: StudyContext, kind: str, seed: int, layers: int | None = None, *ta
     `<pool>/stages/<cell>-<stage>`. `task` changes the last stage (what it supervises), except the
     group, which every stage shares."""
     cell = pool_cell(ctx.scale, kind, seed, layers, *tags)
-    course = curriculum(ctx.scale) if kind in LEARNED_KINDS else None
+    course = curriculum(ctx.scale, kind)
     if course is None:
         return cell, [variant(ctx.scale, kind, seed, layers, **task)]
     every = [f"train.seed={seed}", f"model.tie_layers={str(kind != 'bert').lower()}"]
