@@ -380,9 +380,23 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
     cross = (f" The same heads with every other head mean-ablated instead (its mean output per position): "
              f"{mean:.2f}." if isinstance(mean, (int, float)) else "")
     return (f"<p>{html.escape(verdict)}. Every other head is resample-ablated (its output taken from the paired "
-            f"corrupted input); heads join by |exact patching effect|.{html.escape(cross)} Edges: path patching "
-            f"between kept heads and to the logits, |value| >= 0.05.</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
+            f"corrupted input); heads join by |exact patching effect|.{html.escape(cross)} "
+            f"{html.escape(_edges_sentence(circuit))}</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
             + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>")
+
+
+def _edges_sentence(circuit: dict[str, Any]) -> str:
+    """How the drawn edges were chosen, and what they keep."""
+    if circuit.get("edge_faithfulness") is None:  # path patching refused the model, or an older analysis.json
+        return ("Edges: path patching between kept heads and to the logits, drawn where |value| >= 0.05, not ablated."
+                if circuit.get("edges") else "No edges: path patching does not apply to this model.")
+    return (f"Edges: {len(circuit['edges'])} of the {circuit['candidate_edges']} edges among the kept heads (a head's "
+            f"output into a later kept head's query, key or value, or into the logits directly), left after dropping "
+            f"edges, weakest path patching effect first, while the faithfulness stays at the target; with only "
+            f"these edges the heads keep {circuit['edge_faithfulness']:.2f} ({circuit['edge_faithfulness_mean']:.2f} "
+            f"under mean ablation), with none of them {circuit['no_edge_faithfulness']:.2f}. Paths through MLPs are "
+            f"not edges: MLPs read the residual stream as it flows. Each edge is labelled with its path patching "
+            f"effect.")
 
 
 def _verified(judged: Judged, k: int = 3, with_spearman: bool = False) -> dict[str, Any] | None:

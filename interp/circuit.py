@@ -16,9 +16,19 @@ under resample ablation, and `Circuit.faithfulness_mean` measures the same heads
 ablation, a check that the set does not depend on which corrupted value stood in. Heads join in
 the order of their exact patching effect (largest |effect| first) until the faithfulness reaches
 the target (0.9 by default); the whole curve is returned, so a circuit that never reaches it
-says so. Edges are the path patching effects (interp/paths.py) between kept heads and from kept
-heads to the logits, with |value| at least `edge_threshold`. They are drawn, not ablated one by
-one: the faithfulness is that of the node set.
+says so.
+
+Edges are then ablated too (`edge_faithfulness`, pre-LN models). An edge is a kept head's output
+reaching a later kept head's query, key or value input ("L1H3" -> "L2H0.v"), or reaching the
+logits directly ("L1H3" -> "logits"). Ablating an edge gives that one input the sender's
+stand-in output instead of its own: the receiver's input is its residual stream minus
+(z_sender - z_stand_in) W_O of the sender, everything else unchanged (TransformerLens's split
+q/k/v inputs, `use_split_qkv_input`). Paths through MLPs are not edges: MLPs read the stream as
+it flows, like the embeddings. Starting from every edge among the kept heads, edges are dropped
+greedily, weakest path-patching effect first, while the faithfulness stays at the target; the
+edges left, their faithfulness under resample and under mean ablation, and the faithfulness with
+every edge ablated are the circuit's. Greedy, so the edge set is small, not proven minimal. Where
+path patching is refused (post-LN, identity-augmented attention), there are no edges.
 
 Shape glossary: batch = counterfactual pairs, pos, head_index, d_head.
 """
@@ -35,7 +45,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from interp.patching import Metric, _baselines, _mean_metric
-from interp.paths import PathPatchResult
+from interp.paths import INPUTS, PathPatchResult, check_path_patchable
 
 TARGET = 0.9
 ABLATIONS = ("resample", "mean")
@@ -44,13 +54,19 @@ ABLATIONS = ("resample", "mean")
 @dataclass
 class Circuit:
     nodes: list[str]  # "L1H3", in the order they joined
-    edges: list[tuple[str, str, float]]  # (sender, receiver "L2H0.v" or "logits", path effect)
+    # the kept edges (sender, receiver "L2H0.v" or "logits", path patching effect), strongest first
+    edges: list[tuple[str, str, float]]
     faithfulness: float  # of `nodes`, normalised (1 = clean behaviour)
     target: float
     curve: list[float] = field(default_factory=list)  # faithfulness with the first k heads, k = 0..n_heads
     order: list[str] = field(default_factory=list)  # every head, by |exact effect|
     ablation: str = "resample"  # how the heads outside a set were ablated to choose it
     faithfulness_mean: float | None = None  # of `nodes`, every other head mean-ablated instead
+    # of `nodes` with only `edges` kept (None: no edges, path patching refused the model)
+    edge_faithfulness: float | None = None
+    edge_faithfulness_mean: float | None = None  # the same, mean ablation
+    no_edge_faithfulness: float | None = None  # of `nodes` with every edge among them ablated
+    candidate_edges: int = 0  # edges among the kept heads before pruning
 
     @property
     def reached(self) -> bool:
@@ -94,14 +110,105 @@ def kept_faithfulness(
     return out
 
 
+Edge = tuple[tuple[int, int], tuple[int, int, str] | str]  # (sender, (layer, head, input) or "logits")
+LOGITS = "logits"
+
+
+def edge_name(edge: Edge) -> tuple[str, str]:
+    (sender, receiver) = edge
+    return head_name(*sender), receiver if receiver == LOGITS else f"{head_name(*receiver[:2])}.{receiver[2]}"
+
+
+def candidate_edges(nodes: set[tuple[int, int]]) -> list[Edge]:
+    """Every edge among kept heads: sender -> each input of a kept head of a later layer, and
+    sender -> logits."""
+    edges: list[Edge] = []
+    for sender in sorted(nodes):
+        edges += [(sender, (*receiver, i)) for receiver in sorted(nodes) if receiver[0] > sender[0] for i in INPUTS]
+        edges.append((sender, LOGITS))
+    return edges
+
+
+@torch.no_grad()
+def edge_faithfulness(
+    model: HookedTransformer, clean_tokens: Int[Tensor, "batch pos"], corrupted_tokens: Int[Tensor, "batch pos"],
+    metric: Metric, nodes: set[tuple[int, int]], kept: list[set[Edge]], ablation: str = "resample",
+) -> list[float]:
+    """Faithfulness of `nodes` with only each set of edges kept among them (module doc): every
+    other head ablated, and every edge between kept heads that is not in the set ablated."""
+    check_path_patchable(model)
+    if ablation not in ABLATIONS:
+        raise ValueError(f"ablation {ablation!r} is unknown; use one of {ABLATIONS}")
+    n, n_heads = clean_tokens.shape[0], model.cfg.n_heads
+    logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]),
+                                         names_filter=lambda name: name.endswith("attn.hook_z"))
+    clean_metric, corrupted_metric = _baselines(metric, logits, n)
+    stand_in = {name: z[n:] if ablation == "resample" else z.mean(0, keepdim=True) for name, z in cache.items()}
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    split = model.cfg.use_split_qkv_input
+    out = []
+    try:
+        model.set_use_split_qkv_input(True)
+        for edges in kept:
+            deltas: dict[tuple[int, int], Tensor] = {}  # a kept head's output minus its stand-in's, in d_model
+
+            def heads(z: Tensor, hook: Any, deltas: dict = deltas) -> Tensor:
+                layer, standing = hook.layer(), stand_in[hook.name]
+                for head in range(n_heads):
+                    if (layer, head) in nodes:
+                        deltas[layer, head] = (z[:, :, head] - standing[:, :, head]) @ model.blocks[layer].attn.W_O[head]
+                    else:
+                        z[:, :, head] = standing[:, :, head]
+                return z
+
+            def inputs(x: Tensor, hook: Any, edges: set[Edge] = edges, deltas: dict = deltas) -> Tensor:
+                layer, name = hook.layer(), hook.name.split(".")[-1][len("hook_")]  # x: [batch pos head d_model]
+                for head in range(n_heads):
+                    if (layer, head) in nodes:
+                        cut = [d for sender, d in deltas.items() if ((sender, (layer, head, name)) not in edges)]
+                        if cut:
+                            x[:, :, head] = x[:, :, head] - torch.stack(cut).sum(0)
+                return x
+
+            def direct(resid: Tensor, hook: Any, edges: set[Edge] = edges, deltas: dict = deltas) -> Tensor:
+                cut = [d for sender, d in deltas.items() if (sender, LOGITS) not in edges]
+                return resid - torch.stack(cut).sum(0) if cut else resid
+
+            hooks = [(lambda name: name.endswith("attn.hook_z"), heads),
+                     (lambda name: name.endswith(("hook_q_input", "hook_k_input", "hook_v_input")), inputs),
+                     (last, direct)]
+            with model.hooks(fwd_hooks=hooks):
+                value = _mean_metric(metric, model(clean_tokens)).item()
+            out.append((value - corrupted_metric) / (clean_metric - corrupted_metric))
+    finally:
+        model.set_use_split_qkv_input(split)
+    return out
+
+
+def prune_edges(
+    model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
+    nodes: set[tuple[int, int]], strength: dict[tuple[str, str], float], target: float, ablation: str = "resample",
+) -> tuple[set[Edge], float]:
+    """Drop edges among `nodes`, weakest |path effect| (`strength`, by edge name) first, while the
+    faithfulness stays >= `target`; return the edges left and their faithfulness."""
+    edges = set(candidate_edges(nodes))
+    [current] = edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges], ablation)
+    for edge in sorted(edges, key=lambda e: (abs(strength.get(edge_name(e), 0.0)), edge_name(e))):
+        [without] = edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges - {edge}], ablation)
+        if without >= target:
+            edges, current = edges - {edge}, without
+    return edges, current
+
+
 def find_circuit(
     model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
-    head_effects: Tensor, paths: PathPatchResult | None, target: float = TARGET, edge_threshold: float = 0.05,
-    ablation: str = "resample",
+    head_effects: Tensor, paths: PathPatchResult | None, target: float = TARGET, ablation: str = "resample",
 ) -> Circuit:
     """The smallest prefix of heads, by |exact effect| (`head_effects` [layer head]), whose
-    faithfulness under `ablation` reaches `target`; the same heads' faithfulness under the other
-    ablation when that is mean (a cross-check); and the path effects among them."""
+    faithfulness under `ablation` reaches `target`; the same heads' faithfulness under mean
+    ablation (a cross-check); and, given path patching's `paths`, the edges among them that keep
+    the target (`prune_edges`; all of them when the heads fall short of it), measured under
+    both ablations."""
     n_layers, n_heads = head_effects.shape
     order = sorted(((layer, head) for layer in range(n_layers) for head in range(n_heads)),
                    key=lambda lh: -abs(head_effects[lh].item()))
@@ -111,13 +218,22 @@ def find_circuit(
     mean = curve[size] if ablation == "mean" else \
         kept_faithfulness(model, clean_tokens, corrupted_tokens, metric, [prefixes[size]], "mean")[0]
     nodes = [head_name(*lh) for lh in order[:size]]
-    edges = []
-    if paths is not None:
-        kept = set(nodes)
-        edges = [(s, r, round(v, 4)) for s, r, v in paths.strongest(k=10_000)
-                 if s in kept and (r == "logits" or r.split(".")[0] in kept) and abs(v) >= edge_threshold]
-    return Circuit(nodes, edges, round(curve[size], 4), target, [round(c, 4) for c in curve],
-                   [head_name(*lh) for lh in order], ablation, round(mean, 4))
+    circuit = Circuit(nodes, [], round(curve[size], 4), target, [round(c, 4) for c in curve],
+                      [head_name(*lh) for lh in order], ablation, round(mean, 4))
+    if paths is None or not nodes:
+        return circuit
+    kept = set(order[:size])
+    strength = {(s, r): v for s, r, v in paths.strongest(k=10_000)}
+    goal = min(target, curve[size])  # heads that fall short of the target keep every edge
+    edges, value = prune_edges(model, clean_tokens, corrupted_tokens, metric, kept, strength, goal, ablation)
+    by_mean = value if ablation == "mean" else \
+        edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, kept, [edges], "mean")[0]
+    [none] = edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, kept, [set()], ablation)
+    named = [(*edge_name(e), round(strength.get(edge_name(e), 0.0), 4)) for e in edges]
+    circuit.edges = sorted(named, key=lambda e: (-abs(e[2]), e[0], e[1]))
+    circuit.edge_faithfulness, circuit.edge_faithfulness_mean = round(value, 4), round(by_mean, 4)
+    circuit.no_edge_faithfulness, circuit.candidate_edges = round(none, 4), len(candidate_edges(kept))
+    return circuit
 
 
 def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: list[list[str]] | None = None) -> str:

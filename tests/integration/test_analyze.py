@@ -55,6 +55,11 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     circuit = paths["circuit"]  # the fewest heads keeping 90%, measured; its curve starts and ends where it must
     assert len(circuit["curve"]) == 2 * 4 + 1 if task == "templates" else len(circuit["curve"]) == 2 * len(analysis["heads"]["labels"][0]) + 1
     assert abs(circuit["curve"][-1] - 1.0) <= 1e-4 and circuit["faithfulness"] == circuit["curve"][len(circuit["nodes"])]
+    if task == "templates" or not circuit["nodes"]:  # no edges to ablate: said so on the page
+        assert circuit["edge_faithfulness"] is None and circuit["edges"] == []
+    else:  # the edges left after pruning keep what the heads keep, up to the target, and the page says so
+        assert circuit["edge_faithfulness"] >= min(circuit["target"], circuit["faithfulness"]) - 1e-6
+        assert len(circuit["edges"]) <= circuit["candidate_edges"] and f"{circuit['candidate_edges']} edges among" in page
     for section in ["Verdict", "Attention heads", "Activation patching", "Path patching", "Circuit", "Training curves",
                     "Attention patterns"]:
         assert f"<h2>{section}</h2>" in page

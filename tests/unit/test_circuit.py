@@ -45,7 +45,7 @@ def test_the_circuit_is_the_shortest_prefix_that_reaches_the_target_and_its_edge
     model, clean, corrupted, metric = setup(seed=1)
     effects = patch_head_out(model, clean, corrupted, metric).values
     paths = path_patch(model, clean, corrupted, metric)
-    circuit = find_circuit(model, clean, corrupted, metric, effects, paths, target=0.6, edge_threshold=0.0)
+    circuit = find_circuit(model, clean, corrupted, metric, effects, paths, target=0.6)
     k = len(circuit.nodes)
     assert circuit.faithfulness == circuit.curve[k]
     assert all(value < 0.6 for value in circuit.curve[:k]) and (circuit.reached or k == 6)
@@ -104,3 +104,63 @@ def test_the_circuit_reports_its_heads_under_mean_ablation_and_refuses_unknown_a
     assert by_mean.faithfulness == by_mean.faithfulness_mean == by_mean.curve[len(by_mean.nodes)]
     with pytest.raises(ValueError, match="ablation 'zero' is unknown"):
         kept_faithfulness(model, clean, corrupted, metric, [kept], ablation="zero")
+
+
+def test_every_edge_kept_is_the_node_sets_faithfulness_and_none_kept_is_measured():
+    from interp.circuit import candidate_edges, edge_faithfulness
+
+    model, clean, corrupted, metric = setup(seed=2)
+    nodes = {(0, 1), (1, 0), (2, 1)}
+    edges = set(candidate_edges(nodes))
+    assert len(edges) == 3 * 2 + 3 * 1 + 3  # L0 -> two later heads, L1 -> one, each q/k/v; three to the logits
+    everything, nothing = edge_faithfulness(model, clean, corrupted, metric, nodes, [edges, set()])
+    [node_set] = kept_faithfulness(model, clean, corrupted, metric, [nodes])
+    assert abs(everything - node_set) <= 1e-5 and abs(nothing - node_set) > 1e-3
+    assert not model.cfg.use_split_qkv_input  # the model is left as it was
+
+
+def test_an_ablated_edge_feeds_its_receiver_the_senders_corrupted_output_and_nothing_else():
+    """By hand: with every head kept and every edge but L0H1 -> L2H0.v, head L2H0's value is
+    ln1(clean residual - (z_clean - z_corrupted) W_O of L0H1) W_V; everything else is clean."""
+    from interp.circuit import candidate_edges, edge_faithfulness
+
+    model, clean, corrupted, metric = setup(seed=3)
+    nodes = {(layer, head) for layer in range(3) for head in range(2)}
+    cut = ((0, 1), (2, 0, "v"))
+    [value] = edge_faithfulness(model, clean, corrupted, metric, nodes, [set(candidate_edges(nodes)) - {cut}])
+    _, clean_cache = model.run_with_cache(clean)
+    _, corrupted_cache = model.run_with_cache(corrupted)
+    delta = (clean_cache["blocks.0.attn.hook_z"][:, :, 1] - corrupted_cache["blocks.0.attn.hook_z"][:, :, 1]) \
+        @ model.blocks[0].attn.W_O[1]
+    block = model.blocks[2]
+    v = block.ln1(clean_cache["blocks.2.hook_resid_pre"] - delta) @ block.attn.W_V[0] + block.attn.b_V[0]
+
+    def swap(activation, hook):
+        activation[:, :, 0] = v
+        return activation
+
+    with model.hooks(fwd_hooks=[("blocks.2.attn.hook_v", swap)]):
+        patched = metric(model(clean)).mean().item()
+    clean_m, corrupted_m = metric(model(clean)).mean().item(), metric(model(corrupted)).mean().item()
+    assert abs(value - (patched - corrupted_m) / (clean_m - corrupted_m)) <= 1e-5
+    assert abs(value - 1) > 1e-4  # the edge matters at all on this model, so the check has teeth
+
+
+def test_the_circuits_edges_are_pruned_weakest_first_and_keep_the_target():
+    from interp.circuit import candidate_edges, edge_faithfulness
+
+    model, clean, corrupted, metric = setup(seed=1)
+    effects = patch_head_out(model, clean, corrupted, metric).values
+    paths = path_patch(model, clean, corrupted, metric)
+    circuit = find_circuit(model, clean, corrupted, metric, effects, paths, target=0.6)
+    nodes = {(int(n[1]), int(n[3])) for n in circuit.nodes}
+    names = {(f"L{s[0]}H{s[1]}", r if r == "logits" else f"L{r[0]}H{r[1]}.{r[2]}"): (s, r) for s, r in candidate_edges(nodes)}
+    assert circuit.candidate_edges == len(names) and len(circuit.edges) <= len(names)
+    kept = {names[(s, r)] for s, r, _ in circuit.edges}
+    resample, mean = (edge_faithfulness(model, clean, corrupted, metric, nodes, [kept], a)[0] for a in ("resample", "mean"))
+    assert circuit.edge_faithfulness == round(resample, 4) and circuit.edge_faithfulness_mean == round(mean, 4)
+    assert circuit.edge_faithfulness >= min(0.6, circuit.faithfulness) - 1e-6
+    assert len(kept) < len(names)  # some edges were not needed, and were dropped
+    assert circuit.no_edge_faithfulness == round(edge_faithfulness(model, clean, corrupted, metric, nodes, [set()])[0], 4)
+    values = [abs(v) for _, _, v in circuit.edges]
+    assert values == sorted(values, reverse=True)
