@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from models.config import RunConfig
+from models.curriculum import get_curriculum, train_curriculum
 from models.presets import get_preset
 from models.runs import CONFIG, INIT, METRICS, MIMIC, WEIGHTS, read_config
 from tasks import ConfigError
@@ -30,15 +31,25 @@ ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 KEPT_FILES = (CONFIG, WEIGHTS, METRICS, MIMIC, INIT)
 
 
+STAGES_DIR = Path("runs/zoo-stages")  # a curriculum entry's earlier stages (not committed), under the repository
+
+
 @dataclass(frozen=True)
 class ZooEntry:
     name: str
     preset: str
     overrides: tuple[str, ...]
     about: str
+    # trained by this curriculum (models/curriculum.py), `overrides` applying to every stage; the
+    # zoo keeps the last stage. Its train.init_from names where the stage before it was trained,
+    # which is not part of the recipe, so `status` leaves it out of the comparison.
+    curriculum: str | None = None
 
     def config(self) -> RunConfig:
-        return get_preset(self.preset).with_overrides(list(self.overrides))
+        if self.curriculum is None:
+            return get_preset(self.preset).with_overrides(list(self.overrides))
+        course = get_curriculum(self.curriculum)
+        return course.configs(course.folders(STAGES_DIR / self.name), self.overrides)[-1]
 
     @property
     def origin(self) -> str:
@@ -47,6 +58,13 @@ class ZooEntry:
 
     def command(self) -> str:
         return f"workbench zoo build {self.name}"
+
+    def recipe(self, cfg: RunConfig) -> dict:
+        """What `status` compares: the config, without train.init_from for a curriculum's stage."""
+        data = cfg.to_dict()
+        if self.curriculum is not None:
+            data["train"] = {**data["train"], "init_from": None}
+        return data
 
 
 ENTRIES = [
@@ -120,8 +138,12 @@ def build(name: str, zoo_dir: Path = ZOO_DIR, progress: bool = True) -> Path:
     os.chdir(ZOO_DIR.parent)
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            run_dir = Path(scratch) / entry.name
-            Trainer(entry.config(), run_dir, progress=progress).fit()
+            if entry.curriculum is None:
+                run_dir = Path(scratch) / entry.name
+                Trainer(entry.config(), run_dir, progress=progress).fit()
+            else:  # the stages in runs/zoo-stages/NAME (resumable), the last one kept
+                run_dir = train_curriculum(get_curriculum(entry.curriculum), STAGES_DIR / entry.name,
+                                           entry.overrides, progress=progress)[-1].folder
             shutil.rmtree(target, ignore_errors=True)
             target.mkdir(parents=True)
             for file in KEPT_FILES:
@@ -138,4 +160,5 @@ def status(name: str, zoo_dir: Path = ZOO_DIR) -> str:
     folder = zoo_dir / zoo_entry(name).name
     if not (folder / WEIGHTS).exists():
         return "missing"
-    return "built" if read_config(folder).to_dict() == ZOO[name].config().to_dict() else "stale"
+    entry = ZOO[name]
+    return "built" if entry.recipe(read_config(folder)) == entry.recipe(entry.config()) else "stale"
