@@ -426,8 +426,10 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
             raise ConfigError("workbench zoo list takes no names; use workbench zoo build NAME ...")
         for entry in ZOO.values():
             print(f"{entry.name:24s} {entry.origin:12s} {status(entry.name, zoo_dir):8s} {entry.about}")
-            print(f"{'':24s} rebuild: {entry.command()}  (= workbench train --preset {entry.preset} "
-                  + " ".join(f"--set '{o}'" for o in entry.overrides) + ")")
+            sets = " ".join(f"--set '{o}'" for o in entry.overrides)
+            same = (f"workbench curriculum {entry.curriculum} --out runs/zoo-stages/{entry.name} {sets}, the last stage"
+                    if entry.curriculum else f"workbench train --preset {entry.preset} {sets}")
+            print(f"{'':24s} rebuild: {entry.command()}  (= {same.rstrip()})")
         return 0
     names = args.names or list(ZOO)
     for name in names:

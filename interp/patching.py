@@ -40,6 +40,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
+from transformer_lens.hook_points import HookPoint
 
 from models.planted import token_context
 from tasks import Batch
@@ -372,12 +373,15 @@ def _sweep_layer(
     return torch.stack([_mean_metric(metric, copy) for logits in outputs for copy in logits])
 
 
-def _narrowed_last_block(model: HookedTransformer, metric: Metric) -> tuple[list[tuple[str, Any]], Metric]:
+def _narrowed_last_block(model: HookedTransformer, metric: Metric,
+                         queries: bool = True) -> tuple[list[tuple[str, Any]], Metric]:
     """When the metric reads the logits at one known position per pair (`LogitDiff`), the last
     block's MLP, the final norm and the unembedding need to run there only: a hook keeps just
     those rows of the last block's resid_mid (its attention still sees every position), and the
     returned metric reads position 0 of the narrowed logits. Other metrics and architectures
-    (parallel or no MLP, post-norm) run in full: ([], metric)."""
+    (parallel or no MLP, post-norm) run in full: ([], metric). `queries`: narrow the last block's
+    attention too (`_narrowed_last_queries`); attribution, which reads gradients of that block's
+    activations at every position, does not."""
     cfg = model.cfg
     if not isinstance(metric, LogitDiff) or cfg.attn_only or cfg.parallel_attn_mlp \
             or not hasattr(model.blocks[-1], "hook_resid_mid") or getattr(model.blocks[-1], "ln2", None) is None:
@@ -389,7 +393,28 @@ def _narrowed_last_block(model: HookedTransformer, metric: Metric) -> tuple[list
         return resid_mid[torch.arange(len(rows), device=resid_mid.device), rows].unsqueeze(1)  # [batch 1 d_model]
 
     at_zero = LogitDiff(torch.zeros_like(positions), metric.clean_label, metric.corrupted_label)
-    return [(f"blocks.{cfg.n_layers - 1}.hook_resid_mid", keep_label_rows)], at_zero
+    narrowed = _narrowed_last_queries(model, positions) if queries else []
+    return [*narrowed, (f"blocks.{cfg.n_layers - 1}.hook_resid_mid", keep_label_rows)], at_zero
+
+
+def _narrowed_last_queries(model: HookedTransformer, positions: Tensor) -> list[tuple[str, Any]]:
+    """The last block's attention, too, needs its label query only: a hook keeps those rows of
+    its queries (after rotary, where the model has it), so its scores, pattern and output are one
+    row per sequence, which the residual add broadcasts and `keep_label_rows` then picks at the
+    label position. Only for bidirectional attention (a causal mask would index rows by query
+    position) whose last block carries no hooks of its own (planted heads, identity-augmented
+    attention), else []."""
+    block, cfg = model.blocks[-1], model.cfg
+    own_hooks = any(point.fwd_hooks for point in block.modules() if isinstance(point, HookPoint))
+    if cfg.attention_dir != "bidirectional" or own_hooks or cfg.use_split_qkv_input or cfg.use_attn_in:
+        return []
+    name = "hook_rot_q" if cfg.positional_embedding_type == "rotary" else "hook_q"
+
+    def keep_label_queries(q: Tensor, hook: Any) -> Tensor:  # [batch pos head_index d_head] -> [batch 1 ...]
+        rows = positions.to(q.device).repeat(q.shape[0] // len(positions))
+        return q[torch.arange(len(rows), device=q.device), rows].unsqueeze(1)
+
+    return [(f"blocks.{cfg.n_layers - 1}.attn.{name}", keep_label_queries)]
 
 
 def _patched_runs(
@@ -529,7 +554,7 @@ def attribution_patch(
     names = [sweep.activation.name(layer) for layer in sweep.layers]
     # an activation read at or after the last block's resid_mid needs every position there
     reads_last_mlp = kind in AFTER_RESID_MID and model.cfg.n_layers - 1 in sweep.layers
-    final_hooks, metric = ([], metric) if reads_last_mlp else _narrowed_last_block(model, metric)
+    final_hooks, metric = ([], metric) if reads_last_mlp else _narrowed_last_block(model, metric, queries=False)
     cells = _cells(model, sweep, clean_tokens.shape[1], clean_tokens.device)
     flat_masks = cells.masks.flatten(1).float()
     if steps > 1:

@@ -438,3 +438,27 @@ def test_planted_heads_read_the_token_ids_of_each_forward_or_fail_loudly(gen):
     # the stale ids would have given another answer: the failure guards a real difference
     wrong = model(resid, start_at_layer=1, tokens=first.tokens)
     assert not torch.allclose(wrong, whole)
+
+
+@pytest.mark.parametrize("positional", ["standard", "rotary"])
+def test_the_last_blocks_attention_runs_on_the_label_query_only_and_changes_no_number(positional):
+    """Exact patching narrows the last block to the label position, its attention included (the
+    queries after rotary where the model has it); TransformerLens runs it in full."""
+    from dataclasses import replace
+
+    from interp.patching import _narrowed_last_block
+
+    model = build_model(replace(TINY_MODEL, positional=positional), LEGO, seed=4)
+    gen = seeded_generator(4)
+    clean = LEGO.sample(8, gen, split="test")
+    corrupted, _ = LEGO.corrupt(clean, gen, depth=1)
+    metric = logit_diff_metric(clean, corrupted, 2)
+    hooks, _ = _narrowed_last_block(model, metric)
+    last = model.cfg.n_layers - 1
+    assert [name for name, _ in hooks] == [f"blocks.{last}.attn.{'hook_rot_q' if positional == 'rotary' else 'hook_q'}",
+                                           f"blocks.{last}.hook_resid_mid"]
+    with torch.no_grad():
+        _, source_cache = model.run_with_cache(clean.tokens)
+        for ours, theirs in SWEEPS[:2]:
+            expected = theirs(model, corrupted.tokens, source_cache, lambda logits: metric(logits).mean())
+            assert (ours(model, clean.tokens, corrupted.tokens, metric).raw - expected).abs().max() <= 1e-4
