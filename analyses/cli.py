@@ -54,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
                                 description="Train every stage of a curriculum into OUT/<stage> (resumably: a "
                                             "finished stage is kept, a partial one continues). Nothing is planted "
                                             "or mimicked; each stage starts from the weights of the one before it. "
-                                            "Example: workbench curriculum lego-three-hops --out runs/three-hops "
-                                            "--set model.tie_layers=true --set train.seed=1")
+                                            "Example: workbench curriculum lego-three-hops-albert --out runs/albert "
+                                            "--set train.seed=1")
     curriculum.add_argument("name", nargs="?", help="the curriculum, e.g. lego-three-hops")
     curriculum.add_argument("--list", action="store_true", help="list the curricula with their stages and exit")
     curriculum.add_argument("--out", type=Path, help="folder of the stages' run folders")

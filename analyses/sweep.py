@@ -32,7 +32,15 @@ from typing import Any
 from tqdm import tqdm
 
 from models.config import RunConfig, parse_value
-from models.runs import CONFIG, RunFolderError, atomic_write_bytes, read_config, read_metrics, run_state
+from models.runs import (
+    CONFIG,
+    RunFolderError,
+    atomic_write_bytes,
+    read_config,
+    read_metrics,
+    run_state,
+    same_recipe,
+)
 from tasks import ConfigError
 
 BACKENDS = ("local", "ray")
@@ -60,7 +68,7 @@ def train_cell(name: str, cfg_dict: dict[str, Any], run_dir: str) -> CellResult:
 
     cfg, path = RunConfig.from_dict(cfg_dict), Path(run_dir)
     try:  # a cell folder with a damaged config or metrics is recorded as failed, naming the file
-        if (path / CONFIG).exists() and read_config(path).to_dict() != cfg.to_dict():
+        if (path / CONFIG).exists() and not same_recipe(read_config(path), cfg):
             return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away")
         state = run_state(path, cfg)
         if state in ("done", "diverged"):

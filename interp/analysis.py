@@ -388,8 +388,10 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
 def _edges_sentence(circuit: dict[str, Any]) -> str:
     """How the drawn edges were chosen, and what they keep."""
     if circuit.get("edge_faithfulness") is None:  # path patching refused the model, or an older analysis.json
-        return ("Edges: path patching between kept heads and to the logits, drawn where |value| >= 0.05, not ablated."
-                if circuit.get("edges") else "No edges: path patching does not apply to this model.")
+        if circuit.get("edges"):
+            return "Edges: path patching between kept heads and to the logits, drawn where |value| >= 0.05, not ablated."
+        return ("No edges: no head is kept." if not circuit.get("nodes") else
+                "No edges: path patching does not apply to this model.")
     return (f"Edges: {len(circuit['edges'])} of the {circuit['candidate_edges']} edges among the kept heads (a head's "
             f"output into a later kept head's query, key or value, or into the logits directly), left after dropping "
             f"edges, weakest path patching effect first, while the faithfulness stays at the target; with only "

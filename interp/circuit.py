@@ -207,8 +207,8 @@ def find_circuit(
     """The smallest prefix of heads, by |exact effect| (`head_effects` [layer head]), whose
     faithfulness under `ablation` reaches `target`; the same heads' faithfulness under mean
     ablation (a cross-check); and, given path patching's `paths`, the edges among them that keep
-    the target (`prune_edges`; all of them when the heads fall short of it), measured under
-    both ablations."""
+    the target (`prune_edges`; when the heads fall short of it, the edges that keep what the heads
+    keep), measured under both ablations."""
     n_layers, n_heads = head_effects.shape
     order = sorted(((layer, head) for layer in range(n_layers) for head in range(n_heads)),
                    key=lambda lh: -abs(head_effects[lh].item()))
@@ -223,7 +223,7 @@ def find_circuit(
     if paths is None or not nodes:
         return circuit
     kept = set(order[:size])
-    strength = {(s, r): v for s, r, v in paths.strongest(k=10_000)}
+    strength = {(s, r): v for s, r, v in paths.strongest(k=None)}
     goal = min(target, curve[size])  # heads that fall short of the target keep every edge
     edges, value = prune_edges(model, clean_tokens, corrupted_tokens, metric, kept, strength, goal, ablation)
     by_mean = value if ablation == "mean" else \

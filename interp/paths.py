@@ -60,9 +60,9 @@ class PathPatchResult:
     clean_metric: float
     corrupted_metric: float
 
-    def strongest(self, k: int = 10) -> list[tuple[str, str, float]]:
-        """The k edges and direct effects with the largest |value|: ("L0H1", "L1H0.v", 0.42),
-        with "logits" as the receiver of a direct effect."""
+    def strongest(self, k: int | None = 10) -> list[tuple[str, str, float]]:
+        """The k edges and direct effects with the largest |value| (None: all of them):
+        ("L0H1", "L1H0.v", 0.42), with "logits" as the receiver of a direct effect."""
         cells = [(f"L{ls}H{hs}", f"L{lr}H{hr}.{INPUTS[i]}", value)
                  for (ls, hs, lr, hr, i), value in _finite_cells(self.edges)]
         cells += [(f"L{ls}H{hs}", "logits", value) for (ls, hs), value in _finite_cells(self.direct)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from models.config import RunConfig
 from models.presets import get_preset
-from models.runs import CONFIG, RunFolderError, read_config, read_metrics, run_state
+from models.runs import CONFIG, RunFolderError, read_config, read_metrics, run_state, same_recipe
 from tasks import ConfigError
 
 
@@ -96,7 +96,7 @@ def train_curriculum(curriculum: Curriculum, out: Path | str, overrides: Sequenc
     folders = curriculum.folders(out)
     configs = curriculum.configs(folders, overrides)
     for folder, cfg in zip(folders, configs):
-        if (folder / CONFIG).exists() and read_config(folder).to_dict() != cfg.to_dict():
+        if (folder / CONFIG).exists() and not same_recipe(read_config(folder), cfg):
             raise RunFolderError(f"{folder} holds a run of another config than stage {folder.name} of "
                                  f"{curriculum.name}; move it away or choose another --out")
     results = []

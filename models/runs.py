@@ -260,6 +260,18 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def same_recipe(a: RunConfig, b: RunConfig) -> bool:
+    """Whether two configs train the same run: equal, with `train.init_from` compared as the
+    folder it names (`runs/a` and its absolute path are one source)."""
+    def canonical(cfg: RunConfig) -> dict:
+        data = cfg.to_dict()
+        source = data["train"].get("init_from")
+        if source is not None:
+            data["train"] = {**data["train"], "init_from": str(Path(source).resolve())}
+        return data
+    return canonical(a) == canonical(b)
+
+
 def run_state(run_dir: Path, cfg: RunConfig) -> str:
     """Where a run folder stands for `cfg`: `done` (weights, and metrics up to the last step or
     to a stop rule's stop),

@@ -44,6 +44,7 @@ from models.runs import (
     read_train_state,
     run_lock,
     run_state,
+    same_recipe,
     save_tensors,
     weights_digest,
     write_config,
@@ -476,7 +477,7 @@ def train_or_load(cfg: RunConfig, run_dir: str | Path, progress: bool = True) ->
     trained when the folder is new. For notebooks and scripts that should not retrain what
     exists. A folder that holds a run of another config is an error, not silently reused."""
     run_dir = Path(run_dir)
-    if (run_dir / CONFIG).exists() and read_config(run_dir).to_dict() != cfg.to_dict():
+    if (run_dir / CONFIG).exists() and not same_recipe(read_config(run_dir), cfg):
         raise ConfigError(f"{run_dir} holds a run with another config; choose another folder or load it with load_run")
     if run_state(run_dir, cfg) != "done":
         Trainer(cfg, run_dir, resume=(run_dir / TRAIN_STATE).exists(), progress=progress).fit()

@@ -60,9 +60,11 @@ HARDCODED = {"*.0": "association", "*.1": "manipulation", "*.2": "broadcast"}
 
 
 def base_config(scale: str) -> RunConfig:
-    """The "bert" model of each scale: the hybrid (planted association heads, the rest learned)
-    at tiny, cpu and paper scale; plain at gpu scale, where a GPU's data budget is meant to let
-    the heads be learned."""
+    """The base of the kinds `variant` builds: the hybrid (planted association heads, the rest
+    learned) at tiny, cpu and paper scale; plain at gpu scale, where a GPU's data budget is meant
+    to let the heads be learned. At tiny and cpu scale the studies' "bert"/"albert"/"albert-sd"
+    are not built from it but trained by the scale's curriculum (`plan`); `variant` of those
+    kinds there is the planted hybrid, kept for the ground-truth comparisons."""
     if scale == "cpu":
         return get_preset("lego-cpu")
     if scale == "gpu":
@@ -155,9 +157,11 @@ def pool_cell(scale: str, kind: str, seed: int, layers: int | None = None, *tags
 def plan(ctx: StudyContext, kind: str, seed: int, layers: int | None = None, *tags: str,
          **task: Any) -> tuple[Cell, list[RunConfig]]:
     """A pool model and the configs that train it: one, or a curriculum's stages (the learned
-    kinds at tiny and cpu scale), the last of which is the model's. The earlier stages train in
-    `<pool>/stages/<cell>-<stage>`. `task` changes the last stage (what it supervises), except the
-    group, which every stage shares."""
+    kinds at tiny and cpu scale), the last of which is the model's. `task` changes the last
+    stage (what it supervises), except the group, which every stage shares. The earlier stages
+    train in `<pool>/stages/<trunk>-<stage>`, the trunk being the cell's name without the tags
+    when those name a last-stage change only: `bert-lastsup-s0` is a last stage trained on
+    bert-s0's first stages, not a curriculum of its own."""
     cell = pool_cell(ctx.scale, kind, seed, layers, *tags)
     course = curriculum(ctx.scale, kind)
     if course is None:
@@ -166,10 +170,12 @@ def plan(ctx: StudyContext, kind: str, seed: int, layers: int | None = None, *ta
     if layers is not None:
         every.append(f"model.n_layers={layers}")
     if kind == "albert-sd":
-        every.append(f"model.min_depth={max(1, (layers or get_preset(course.preset).model.n_layers) // 2)}")
+        depth = get_preset(course.preset).with_overrides([*course.common, *every]).model.n_layers
+        every.append(f"model.min_depth={max(1, depth // 2)}")
     if "group" in task:
         every.append(f"task.group={task.pop('group')}")
-    folders = [pool_dir(ctx) / "stages" / f"{cell.name}-{stage.name}" for stage in course.stages[:-1]]
+    trunk = pool_cell(ctx.scale, kind, seed, layers, *(() if task else tags))
+    folders = [pool_dir(ctx) / "stages" / f"{trunk.name}-{stage.name}" for stage in course.stages[:-1]]
     return cell, course.configs([*folders, pool_dir(ctx) / cell.name], every,
                                 [f"task.{key}={json.dumps(value)}" for key, value in task.items()])
 
@@ -451,6 +457,10 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
         ("(a) How the last variable is computed", _evidence_html(evidence)),
         ("(b) #0..#k-2 plus the last vs #0..#k-1", table_html(rows, ["model", *[f"#{i}" for i in range(cells[bert].task.n_vars)]])
          + f"<p>Mean accuracy on the middle variables {middle} (unsupervised in both): {middle_acc}.</p>"
+         + (f"<p>Both models are the last stage of the <code>{curriculum(ctx.scale, 'bert').name}</code> curriculum "
+            "on the same earlier stages (which supervised their own variables, see RESULTS.md); they differ in what "
+            "the last stage supervises only, so this compares fine-tunes of one trunk, not models trained from "
+            "scratch.</p>" if curriculum(ctx.scale, "bert") else "")
          + "".join(curves_html(ctx, cell.name, c, cell.name) for cell, c in cells.items() if cell.name in table)),
     ]
     rules = _rules_of(ctx, [cell.name for cell in cells if finished(pool_dir(ctx) / cell.name)])

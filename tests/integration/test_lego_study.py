@@ -2,6 +2,8 @@
 trained once) and writes its report and numbers."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +58,13 @@ def test_bert_and_albert_are_learned_by_the_scales_curriculum_each_stage_from_th
                    supervision="first+last", n_supervised=4)[1]
     assert supervised_mask(lastsup[-1]) == [True] * 4 + [False] * 3 + [True]
     assert all(c.task.supervision == "first" for c in lastsup[:-1])  # the earlier stages keep the curriculum's
+    bert = plan(StudyContext(out=root / "a", scale="cpu"), "bert", 0)[1]  # a last-stage change shares the trunk
+    assert lastsup[:-1] == bert[:-1] and lastsup[-1].train.init_from == bert[-1].train.init_from
+    s3 = plan(StudyContext(out=root / "a", scale="cpu"), "bert", 0, None, "s3", group="s3")[1]
+    assert "bert-s3-s0-" in s3[1].train.init_from and all(c.task.group == "s3" for c in s3)  # its own trunk
+    # the pool named by another path (relative vs absolute) is the same pool: nothing retrains
+    again = run_study("lego-extrapolation", Path(os.path.relpath(root / "a")), "tiny", progress=False)
+    assert set(again["final_acc"]) >= {"bert-s0", "albert-s0"}
 
 
 def test_variants_differ_only_where_they_say():

@@ -7,8 +7,8 @@
 
 The studies of learned models (extrapolation, percolation, stochastic depth, heads, shortcut,
 S3) train several curricula each, up to about two hours on two cores; they are not repeated
-here. Their code runs end to end at tiny scale (tests/integration/test_lego_study.py), and the
-learned models they report are checked in the zoo (tests/integration/test_zoo.py)."""
+here. Their code runs end to end at tiny scale (tests/integration/test_lego_study.py); the zoo
+(tests/integration/test_zoo.py) checks what RESULTS.md reports of learned curriculum models."""
 
 import time
 

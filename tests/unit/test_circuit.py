@@ -164,3 +164,29 @@ def test_the_circuits_edges_are_pruned_weakest_first_and_keep_the_target():
     assert circuit.no_edge_faithfulness == round(edge_faithfulness(model, clean, corrupted, metric, nodes, [set()])[0], 4)
     values = [abs(v) for _, _, v in circuit.edges]
     assert values == sorted(values, reverse=True)
+
+
+def test_pruning_tries_edges_weakest_path_effect_first_and_keeps_those_it_cannot_drop(monkeypatch):
+    import interp.circuit as circuit_module
+
+    model, clean, corrupted, metric = setup(seed=1)
+    nodes = {(0, 1), (1, 0), (2, 1)}
+    edges = circuit_module.candidate_edges(nodes)
+    strength = {circuit_module.edge_name(e): (i * 7 % len(edges)) / 10 - 0.6 for i, e in enumerate(edges)}
+    needed = ((1, 0), (2, 1, "v"))
+    measured = []
+
+    def faithfulness(model, clean, corrupted, metric, nodes, kept, ablation="resample"):  # 1 while `needed` is kept
+        measured.append(set(kept[0]))
+        return [1.0 if needed in kept[0] else 0.0]
+
+    monkeypatch.setattr(circuit_module, "edge_faithfulness", faithfulness)
+    kept, value = circuit_module.prune_edges(model, clean, corrupted, metric, nodes, strength, 0.9)
+    assert kept == {needed} and value == 1.0
+    current, tried = measured[0], []  # the first measurement is of every edge; then one removal per call
+    for candidate in measured[1:]:
+        [edge] = current - candidate
+        tried.append(edge)
+        if edge != needed:
+            current = candidate
+    assert tried == sorted(edges, key=lambda e: (abs(strength[circuit_module.edge_name(e)]), circuit_module.edge_name(e)))
