@@ -108,6 +108,12 @@ ENTRIES = [
              "the curriculum's last step: lego-three-hops-n6's weights on n = 8 with eight letters, #0-#4 "
              "supervised (three association hops for #4, #5-#7 never supervised), 3,000 steps (compiled bf16, as "
              "above): #0-#4 >= 0.99 by step 250"),
+    ZooEntry("lego-three-hops-albert", "lego-cpu", ("train.seed=1",),
+             "ALBERT (one block shared by all four layers), learned by the lego-three-hops-albert curriculum, "
+             "nothing planted or mimicked: one hop with six letters (6,000 steps), #0-#4 of n = 6, then #0-#4 of "
+             "n = 8 with eight letters (seed 1; the last stage of the cpu-scale lego-extrapolation study's "
+             "albert-s1, compiled bf16, so a rebuild is close to, not bit-equal to, these weights)",
+             curriculum="lego-three-hops-albert"),
     ZooEntry("composite-symmetric", "composite-cpu", ("train.steps=600", "model.init_gamma=0.5"),
              "2 layers, gamma 0.5: answers held-out pairs symmetrically (cpu phase diagram)"),
     ZooEntry("composite-inferential", "composite-cpu", ("train.steps=600", "model.init_gamma=0.7"),

@@ -119,7 +119,8 @@ def test_every_report_says_how_the_model_got_its_heads(runs):
     assert "Heads: mimicked, then learned: 1500 steps" in summary("lego-mimic-long")
     assert "Heads: learned: random initialisation" in summary("composite-inferential")
     assert [entry.origin for entry in ZOO.values()] == ["planted", "mimicked", "mimicked", "learned", "learned",
-                                                        "warm-started", "warm-started", "learned", "learned"]
+                                                        "warm-started", "warm-started", "warm-started", "learned",
+                                                        "learned"]
     assert "warm-started from the weights of zoo/lego-three-hops-n6" in summary("lego-three-hops")
 
 
@@ -191,3 +192,20 @@ def test_a_curriculum_of_plain_models_follows_three_hops_through_heads_the_workb
     hop, second = hop_effects(run, depth=1, variable=4), hop_effects(run, depth=2, variable=4)
     assert max(float(hop[cell]) for cell in association) >= 0.3  # #1's element reaches #4 in three hops
     assert max(float(effects[cell]) for effects in (hop, second) for cell in manipulation) >= 0.3
+
+
+def test_a_learned_albert_follows_three_hops_through_heads_the_classifier_does_not_label(runs):
+    """RESULTS.md, "The curriculum as one command": ALBERT seed 1 of the cpu-scale study (tied
+    layers, the lego-three-hops-albert curriculum, nothing planted or mimicked) fits #0-#4 of n = 8
+    with the true rule; #1's element reaches #4 through L0H2 (.84) and L1H1 (.70), yet no head
+    scores past the association or manipulation threshold: the classifier labels every head mixed."""
+    run = runs("lego-three-hops-albert")
+    assert run.config.model.tie_layers and run.config.model.planted == {} and run.config.train.mimic_steps == 0
+    assert ZOO["lego-three-hops-albert"].curriculum == "lego-three-hops-albert"
+    assert min(run.metrics[-1]["acc_per_var"][:5]) >= 0.98
+    rules = lego_parity_rules(run.model, run.task, n=1000)
+    assert all(rule.is_true_rule and rule.agreement > 0.98 for rule in rules[:5])
+    assert not any(rule.is_true_rule for rule in rules[5:])  # #5-#7: no extrapolation
+    hop = hop_effects(run, depth=1, variable=4)
+    assert float(hop[0, 2]) >= 0.6 and float(hop[1, 1]) >= 0.5
+    assert {label for row in head_labels(run) for label in row} == {"mixed"}
