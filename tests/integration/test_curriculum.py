@@ -6,39 +6,34 @@ import json
 import pytest
 
 from analyses.cli import main
-from models.curriculum import LEGO_THREE_HOPS, Curriculum, Stage, train_curriculum
+from analyses.studies.lego import TINY_CURRICULUM
+from models.curriculum import LEGO_THREE_HOPS, train_curriculum
 from models.runs import RunFolderError, read_config, read_metrics, read_tensors, weights_digest
 from tasks import ConfigError
 
-TINY = Curriculum(
-    name="tiny", preset="lego-cpu",
-    common=("model.planted={}", "model.n_layers=2", "model.d_model=24", "model.n_heads=3", "train.batch_size=16",
-            "train.warmup_steps=2", "train.eval_every=4", "train.eval_size=64", "train.checkpoint_every=4"),
-    stages=(Stage("a", ("task.n_vars=4", "task.n_supervised=2", "train.steps=8")),
-            Stage("b", ("task.n_vars=5", "task.n_supervised=3", "train.steps=8"))),
-    about="test")
+TINY = TINY_CURRICULUM  # two stages: #0-#1 of n = 4, then #0-#2 of n = 5, 8 steps each
 
 
 def test_each_stage_starts_from_the_weights_the_stage_before_it_ended_with(tmp_path):
     results = train_curriculum(TINY, tmp_path, ["train.seed=3"], progress=False)
-    assert [r.name for r in results] == ["a", "b"] and [r.state for r in results] == ["trained", "trained"]
-    first, second = read_config(tmp_path / "a"), read_config(tmp_path / "b")
-    assert first.train.init_from is None and second.train.init_from == str(tmp_path / "a")
+    assert [r.name for r in results] == ["1", "2"] and [r.state for r in results] == ["trained", "trained"]
+    first, second = read_config(tmp_path / "1"), read_config(tmp_path / "2")
+    assert first.train.init_from is None and second.train.init_from == str(tmp_path / "1")
     assert (first.task.n_vars, second.task.n_vars, first.train.seed, second.train.seed) == (4, 5, 3, 3)
-    init = json.loads((tmp_path / "b" / "init.json").read_text())  # b started from a's final weights
-    assert init["from"] == str(tmp_path / "a") and init["step"] == 8
-    assert init["weights_digest"] == weights_digest(read_tensors(tmp_path / "a" / "model.safetensors")[0])
-    assert results[1].final == read_metrics(tmp_path / "b")[-1] and results[1].final["step"] == 8
+    init = json.loads((tmp_path / "2" / "init.json").read_text())  # b started from a's final weights
+    assert init["from"] == str(tmp_path / "1") and init["step"] == 8
+    assert init["weights_digest"] == weights_digest(read_tensors(tmp_path / "1" / "model.safetensors")[0])
+    assert results[1].final == read_metrics(tmp_path / "2")[-1] and results[1].final["step"] == 8
     again = train_curriculum(TINY, tmp_path, ["train.seed=3"], progress=False)  # finished stages are kept
     assert [r.state for r in again] == ["found", "found"]
 
 
 def test_a_stage_folder_of_another_config_is_refused_before_anything_trains(tmp_path):
     train_curriculum(TINY, tmp_path, ["train.seed=1"], progress=False)
-    mtime = (tmp_path / "a" / "metrics.jsonl").stat().st_mtime_ns
+    mtime = (tmp_path / "1" / "metrics.jsonl").stat().st_mtime_ns
     with pytest.raises(RunFolderError, match="another config"):
         train_curriculum(TINY, tmp_path, ["train.seed=2"], progress=False)
-    assert (tmp_path / "a" / "metrics.jsonl").stat().st_mtime_ns == mtime
+    assert (tmp_path / "1" / "metrics.jsonl").stat().st_mtime_ns == mtime
 
 
 def test_the_three_hop_curriculum_is_plain_and_ends_on_n8_with_five_supervised():
