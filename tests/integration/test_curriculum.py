@@ -53,3 +53,26 @@ def test_cli_lists_curricula_and_refuses_bad_requests(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
     with pytest.raises(ConfigError, match="sets train.init_from itself"):
         TINY.configs(TINY.folders(tmp_path), last=["train.init_from=z"])
+
+
+def test_a_zoo_entry_trained_by_a_curriculum_keeps_its_last_stage_and_reads_as_built(tmp_path, monkeypatch):
+    import analyses.zoo as zoo
+
+    entry = zoo.ZooEntry("tiny-course", "lego-cpu", ("train.seed=2",), "test", curriculum="tiny")
+    monkeypatch.setitem(zoo.ZOO, entry.name, entry)
+    monkeypatch.setattr(zoo, "get_curriculum", lambda name: TINY)
+    monkeypatch.setattr(zoo, "STAGES_DIR", tmp_path / "stages")
+    target = zoo.build(entry.name, zoo_dir=tmp_path / "zoo", progress=False)
+    assert {p.name for p in target.iterdir()} <= set(zoo.KEPT_FILES) and (target / "model.safetensors").exists()
+    kept = read_config(target)
+    assert kept.task.n_vars == 5 and kept.train.seed == 2  # the last stage, with the entry's overrides
+    assert kept.train.init_from == str(tmp_path / "stages" / entry.name / "1")
+    assert zoo.status(entry.name, tmp_path / "zoo") == "built"
+    moved = kept.with_overrides(["train.init_from=\"elsewhere/1\""])  # trained elsewhere: the same recipe
+    (target / "config.json").write_text(json.dumps({**json.loads((target / "config.json").read_text()),
+                                                    **{k: v for k, v in moved.to_dict().items() if k == "train"}}))
+    assert zoo.status(entry.name, tmp_path / "zoo") == "built"
+    other = kept.with_overrides(["train.seed=3"])
+    (target / "config.json").write_text(json.dumps({**json.loads((target / "config.json").read_text()),
+                                                    "train": other.to_dict()["train"]}))
+    assert zoo.status(entry.name, tmp_path / "zoo") == "stale"
