@@ -80,22 +80,27 @@ def head_name(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-@torch.no_grad()
-def kept_faithfulness(
-    model: HookedTransformer, clean_tokens: Int[Tensor, "batch pos"], corrupted_tokens: Int[Tensor, "batch pos"],
-    metric: Metric, kept: list[set[tuple[int, int]]], ablation: str = "resample",
-) -> list[float]:
-    """Faithfulness of each set of kept heads (every other head ablated: see the module's doc)."""
+def _stand_ins(model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
+               ablation: str) -> tuple[float, float, dict[str, Tensor]]:
+    """Both baselines, and what stands in for an ablated head's z at each layer: its output on the
+    paired corrupted input (resample), or one [pos head d_head] mean broadcast over the batch."""
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation {ablation!r} is unknown; use one of {ABLATIONS}")
     n = clean_tokens.shape[0]
     logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]),
                                          names_filter=lambda name: name.endswith("attn.hook_z"))
     clean_metric, corrupted_metric = _baselines(metric, logits, n)
-    if ablation == "resample":
-        stand_in = {name: z[n:] for name, z in cache.items()}
-    else:  # one [pos head d_head] mean, broadcast over the batch
-        stand_in = {name: z.mean(0, keepdim=True) for name, z in cache.items()}
+    stand_in = {name: z[n:] if ablation == "resample" else z.mean(0, keepdim=True) for name, z in cache.items()}
+    return clean_metric, corrupted_metric, stand_in
+
+
+@torch.no_grad()
+def kept_faithfulness(
+    model: HookedTransformer, clean_tokens: Int[Tensor, "batch pos"], corrupted_tokens: Int[Tensor, "batch pos"],
+    metric: Metric, kept: list[set[tuple[int, int]]], ablation: str = "resample",
+) -> list[float]:
+    """Faithfulness of each set of kept heads (every other head ablated: see the module's doc)."""
+    clean_metric, corrupted_metric, stand_in = _stand_ins(model, clean_tokens, corrupted_tokens, metric, ablation)
     out = []
     for heads in kept:
         def ablate(z: Tensor, hook: Any, heads: set[tuple[int, int]] = heads) -> Tensor:
@@ -137,13 +142,8 @@ def edge_faithfulness(
     """Faithfulness of `nodes` with only each set of edges kept among them (module doc): every
     other head ablated, and every edge between kept heads that is not in the set ablated."""
     check_path_patchable(model)
-    if ablation not in ABLATIONS:
-        raise ValueError(f"ablation {ablation!r} is unknown; use one of {ABLATIONS}")
-    n, n_heads = clean_tokens.shape[0], model.cfg.n_heads
-    logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]),
-                                         names_filter=lambda name: name.endswith("attn.hook_z"))
-    clean_metric, corrupted_metric = _baselines(metric, logits, n)
-    stand_in = {name: z[n:] if ablation == "resample" else z.mean(0, keepdim=True) for name, z in cache.items()}
+    n_heads = model.cfg.n_heads
+    clean_metric, corrupted_metric, stand_in = _stand_ins(model, clean_tokens, corrupted_tokens, metric, ablation)
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     split = model.cfg.use_split_qkv_input
     out = []
