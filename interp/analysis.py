@@ -23,14 +23,17 @@ from transformer_lens import HookedTransformer
 
 from interp import plots
 from interp.atp import Judged, judge_estimates
-from interp.attention import classify_heads
-from interp.circuit import chains_to_logits, circuit_svg, find_circuit, loop_steps
-from interp.patching import logit_diff_metric, patch_head_out, patch_residual
-from interp.paths import check_path_patchable, path_patch
-from interp.probes import composite_probe_map, lego_probe_map, percolation_summary
+from interp.attention import HeadScores, classify_heads
+from interp.circuit import Circuit, chains_to_logits, circuit_svg, find_circuit, loop_steps
+from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual
+from interp.paths import PathPatchResult, check_path_patchable, path_patch
+from interp.probes import CompositeProbeMap, ProbeMap, composite_probe_map, lego_probe_map, percolation_summary
 from interp.report import Report, figure_html, table_html
 from interp.solutions import (
+    CompositeVerdict,
+    LegoVerdict,
     ParityRule,
+    TemplatesVerdict,
     composite_verdict,
     lego_parity_rules,
     lego_verdict,
@@ -46,44 +49,78 @@ GOOD_AGREEMENT = 0.8  # Spearman of attribution with exact patching from which t
 
 
 @dataclass
+class PatchingAnalysis:
+    """Patching on the task's counterfactual pairs: exact sweeps, the per-head estimates judged
+    against the exact one, path patching and the circuit graph."""
+
+    pairs: str  # what the corruption changes, and where the metric reads
+    n_pairs: int
+    tokens: list[str]  # the first clean input, decoded (the heatmaps' position labels)
+    residual: PatchResult  # exact, residual stream per layer and position
+    heads: PatchResult  # exact, each head's output at every position
+    estimates: dict[str, Judged]  # per-head estimates (interp.atp.estimates: "atp", "graddrop", "ig4") vs `heads`
+    paths: PathPatchResult | None  # None where path patching refused the model
+    paths_refused: str | None  # why, or None
+    circuit: Circuit
+
+    def to_dict(self) -> dict[str, Any]:
+        attribution = self.estimates["atp"]
+        spearman = attribution.spearman
+        strongest = [[s, r, round(v, 4)] for s, r, v in self.paths.strongest(12)] if self.paths else []
+        return {
+            "pairs": self.pairs, "n_pairs": self.n_pairs, "tokens": self.tokens,
+            "residual": self.residual.to_dict(), "heads": self.heads.to_dict(),
+            "heads_attribution": attribution.estimate.to_dict(),
+            # how far to trust the estimate on this run (README, Known limits); None when a sweep is constant
+            "heads_attribution_spearman": spearman if math.isfinite(spearman) else None,
+            "heads_attribution_verified": _verified(attribution),
+            "heads_estimates_verified": {name: _verified(one, with_spearman=True) for name, one in self.estimates.items()},
+            "paths": {"strongest": strongest, "refused": self.paths_refused, "circuit": self.circuit.to_dict()},
+        }
+
+
+Verdict = LegoVerdict | CompositeVerdict | TemplatesVerdict
+Probes = ProbeMap | CompositeProbeMap
+
+
+@dataclass
 class RunAnalysis:
-    """What `workbench analyze` found in one run; `to_dict` is analysis.json."""
+    """What `workbench analyze` found in one run, as the objects that measured it; `to_dict` is
+    analysis.json, the form the report is built from (`analysis_sections`)."""
 
     run: str
     task: str
-    heads: dict[str, Any]  # interp.attention.HeadClassification.to_dict(), plus "planted"
-    patching: dict[str, Any]  # see patching_analysis
-    probes: dict[str, Any] | None  # the task's probe map; None where the task has none
-    verdict: dict[str, Any]  # the task's verdict
+    heads: HeadScores
+    planted: dict[str, str]  # the model's hardcoded heads, "layer.head" -> kind (ModelConfig.planted)
+    patching: PatchingAnalysis
+    probes: Probes | None  # None where the task has no probes
+    verdict: Verdict  # the task's, with what the circuit graph adds
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunAnalysis:
-        missing = [f.name for f in dataclasses.fields(cls) if f.name not in data and f.name != "probes"]
-        if missing:
-            raise ValueError(f"analysis.json lacks {missing}; run `workbench analyze` again")
-        return cls(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
+        return {"run": self.run, "task": self.task, "heads": {**self.heads.to_dict(), "planted": dict(self.planted)},
+                "patching": self.patching.to_dict(), "probes": None if self.probes is None else self.probes.to_dict(),
+                "verdict": self.verdict.to_dict(), "seconds": self.seconds}
 
 
 @dataclass(frozen=True)
 class TaskAnalysis:
     """The task-specific steps of `workbench analyze` and of the run report.
 
-    findings(run, seed) -> (probe map or None, verdict), both JSON-ready;
-    circuit_findings(circuit, heads) -> what the verdict adds from the circuit graph;
+    findings(run, seed) -> (probe map or None, verdict);
+    circuit_findings(verdict, circuit, labels, planted) -> the verdict with what the circuit graph
+      says (labels: "L1H0" -> head label; planted: "L1H0" names of hardcoded heads);
     headline(verdict) -> the one line `workbench analyze` prints;
-    verdict_html, probes_html -> report sections; curves(run) -> the training-curve figure."""
+    verdict_html, probes_html -> report sections, from analysis.json's verdict and probes;
+    curves(run) -> the training-curve figure."""
 
-    findings: Callable[[LoadedRun, int], tuple[dict[str, Any] | None, dict[str, Any]]]
-    headline: Callable[[dict[str, Any]], str]
+    findings: Callable[[LoadedRun, int], tuple[Probes | None, Verdict]]
+    headline: Callable[[Any], str]
     verdict_html: Callable[[dict[str, Any]], str]
     probes_html: Callable[[dict[str, Any]], str] | None
     curves: Callable[[LoadedRun], plt.Figure]
     curves_caption: str
-    circuit_findings: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None
+    circuit_findings: Callable[[Any, Circuit, dict[str, str], set[str]], Verdict] | None = None
 
 
 def task_analysis(name: str) -> TaskAnalysis:
@@ -113,42 +150,24 @@ def _deepest_fitted_slot(model: HookedTransformer | None, batch: Batch, supervis
     return (fitted or supervised)[-1]
 
 
-def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> dict[str, Any]:
+def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> PatchingAnalysis:
     clean, corrupted, slot, description = counterfactual_pairs(run.task, n_pairs, seed, run.model)
     metric = logit_diff_metric(clean, corrupted, label_index=slot)
     device = next(run.model.parameters()).device
     args = (run.model, clean.tokens.to(device), corrupted.tokens.to(device), metric)
     heads = patch_head_out(*args)
-    # per head: plain attribution, GradDrop and 4-step IG, judged against the exact sweep
-    judged = judge_estimates(*args, "head", heads, ig_steps=4)
-    attribution, agreement = judged["atp"].estimate, judged["atp"].spearman
-    return {
-        "pairs": description, "n_pairs": len(clean),
-        "tokens": run.task.token_strings(clean.tokens[0]),
-        "residual": patch_residual(*args).to_dict(),
-        "heads": heads.to_dict(),
-        "heads_attribution": attribution.to_dict(),
-        # how far to trust the estimate on this run (README, Known limits); None when a sweep is constant
-        "heads_attribution_spearman": agreement if math.isfinite(agreement) else None,
-        "heads_attribution_verified": _verified(judged["atp"]),
-        "heads_estimates_verified": {name: _verified(one, with_spearman=True) for name, one in judged.items()},
-        "paths": _paths_summary(*args, heads),
-    }
-
-
-def _paths_summary(model: HookedTransformer, clean: Any, corrupted: Any, metric: Any, heads: Any,
-                   k: int = 12) -> dict[str, Any]:
-    """Path patching's strongest edges (interp/paths.py) and the circuit they draw between the
-    fewest heads that keep 90% of the behaviour (interp/circuit.py); or why paths do not apply."""
     try:
-        check_path_patchable(model)
+        check_path_patchable(run.model)
         refused = None
     except ValueError as err:
         refused = str(err)
-    result = None if refused else path_patch(model, clean, corrupted, metric)
-    circuit = find_circuit(model, clean, corrupted, metric, heads.values, result)
-    strongest = [[s, r, round(v, 4)] for s, r, v in result.strongest(k)] if result else []
-    return {"strongest": strongest, "refused": refused, "circuit": circuit.to_dict()}
+    paths = None if refused else path_patch(*args)
+    return PatchingAnalysis(
+        description, len(clean), run.task.token_strings(clean.tokens[0]), patch_residual(*args), heads,
+        # per head: plain attribution, GradDrop and 4-step IG, judged against the exact sweep
+        judge_estimates(*args, "head", heads, ig_steps=4),
+        # path patching's edges, and the circuit they draw between the fewest heads keeping 90% (interp/circuit.py)
+        paths, refused, find_circuit(*args, heads.values, paths))
 
 
 def analyze_run(
@@ -156,79 +175,86 @@ def analyze_run(
 ) -> RunAnalysis:
     """Everything the report shows. `device`: where the model runs (it is moved there, and every
     step moves the batches it samples on the CPU to it); None: where `run.model` already is
-    (`load_run(..., device)`). The result holds plain Python values whatever the device."""
+    (`load_run(..., device)`). `to_dict` gives the same plain values whatever the device."""
     if device is not None:
         run.model.to(device, print_details=False)
     started = time.perf_counter()
     steps = task_analysis(run.config.task.name)
     tokens = run.task.sample(n_samples, seeded_generator(seed), split="test").tokens
-    heads = classify_heads(run.model, run.task, tokens).to_dict()
-    heads["planted"] = run.config.model.planted  # hardcoded heads, not learned
+    heads = classify_heads(run.model, run.task, tokens)
+    planted = dict(run.config.model.planted)  # hardcoded heads, not learned
     patching = patching_analysis(run, seed=seed)
     probes, verdict = steps.findings(run, seed)
-    circuit = patching["paths"].get("circuit")
-    if circuit is not None and steps.circuit_findings is not None:
-        verdict.update(steps.circuit_findings(circuit, heads))
-    return RunAnalysis(str(run.path), run.config.task.name, heads, patching, probes, verdict,
+    if steps.circuit_findings is not None:
+        verdict = steps.circuit_findings(verdict, patching.circuit, _head_labels(heads), _planted_names(planted, heads))
+    return RunAnalysis(str(run.path), run.config.task.name, heads, planted, patching, probes, verdict,
                        round(time.perf_counter() - started, 2))
 
 
-def _lego_findings(run: LoadedRun, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def _lego_findings(run: LoadedRun, seed: int) -> tuple[ProbeMap, LegoVerdict]:
     probes = lego_probe_map(run.model, run.task, seed=seed)
-    verdict = lego_verdict(run.model, run.task, run.metrics, seed=seed).to_dict()
-    verdict["findings"] += _percolation_findings(probes.first_layer)
+    verdict = lego_verdict(run.model, run.task, run.metrics, seed=seed)
+    verdict.findings += _percolation_findings(probes.first_layer)
     if run.task.cfg.group == "z2":
-        rules = lego_parity_rules(run.model, run.task, seed=seed)
-        verdict["parity_rules"] = [r.summary() for r in rules]
-        verdict["findings"] += _rule_findings(rules)
-    return probes.to_dict(), verdict
+        verdict.parity_rules = lego_parity_rules(run.model, run.task, seed=seed)
+        verdict.findings += _rule_findings(verdict.parity_rules)
+    return probes, verdict
 
 
-def _composite_findings(run: LoadedRun, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    probes = composite_probe_map(run.model, run.task, seed=seed)
-    return probes.to_dict(), composite_verdict(run.model, run.task, seed=seed).to_dict()
+def _composite_findings(run: LoadedRun, seed: int) -> tuple[CompositeProbeMap, CompositeVerdict]:
+    return composite_probe_map(run.model, run.task, seed=seed), composite_verdict(run.model, run.task, seed=seed)
 
 
-def _templates_findings(run: LoadedRun, seed: int) -> tuple[None, dict[str, Any]]:
-    return None, templates_verdict(run.model, run.task, seed=seed).to_dict()
+def _templates_findings(run: LoadedRun, seed: int) -> tuple[None, TemplatesVerdict]:
+    return None, templates_verdict(run.model, run.task, seed=seed)
 
 
-def _head_labels(heads: dict[str, Any]) -> dict[str, str]:
+def _head_labels(heads: HeadScores) -> dict[str, str]:
     """"L1H0" -> its label."""
-    return {f"L{layer}H{head}": label for layer, row in enumerate(heads["labels"]) for head, label in enumerate(row)}
+    return {f"L{layer}H{head}": label for layer, row in enumerate(heads.labels) for head, label in enumerate(row)}
 
 
-def _named_chain(chain: list[str], heads: dict[str, Any]) -> str:
+def _planted_names(planted: dict[str, str], heads: HeadScores) -> set[str]:
+    """The hardcoded heads as "L1H0" names ("*.0": head 0 of every layer)."""
+    layers = range(len(heads.labels))
+    names = set()
+    for where in planted:
+        layer, _, head = where.partition(".")
+        names.update(f"L{i}H{head}" for i in (layers if layer == "*" else [int(layer)]))
+    return names
+
+
+def _named_chain(chain: list[str], labels: dict[str, str], planted: set[str]) -> str:
     """`L1H0 (manipulation) -> L2H0 (association, planted) -> logits`."""
-    labels = _head_labels(heads)
-    planted = {"L{}H{}".format(*key.split(".")) for key in (heads.get("planted") or {})}
     return " -> ".join(node if node == "logits" else f"{node} ({labels.get(node, '?')}{', planted' * (node in planted)})"
                        for node in chain)
 
 
-def _lego_circuit_findings(circuit: dict[str, Any], heads: dict[str, Any]) -> dict[str, Any]:
+def _lego_circuit_findings(verdict: LegoVerdict, circuit: Circuit, labels: dict[str, str],
+                           planted: set[str]) -> LegoVerdict:
     """For-loop evidence from the circuit graph: a path to the logits on which an association
     head feeds a manipulation head in the next layer, or the other way round."""
-    labels = _head_labels(heads)
-    chains = chains_to_logits(circuit)
+    chains = chains_to_logits(circuit.edges)
     looping = [(chain, steps) for chain in chains if (steps := loop_steps(chain, labels))]
     if looping:
         chain, steps = looping[0]
         line = (f"circuit: {len(steps)} for-loop step(s), association and manipulation heads in consecutive layers on "
-                f"a path to the logits: {_named_chain(chain, heads)}")
+                f"a path to the logits: {_named_chain(chain, labels, planted)}")
     elif chains:
         chain = chains[0]
         line = (f"circuit: no path to the logits passes from an association head to a manipulation head in the next "
-                f"layer or back; longest path: {_named_chain(chain, heads)}")
+                f"layer or back; longest path: {_named_chain(chain, labels, planted)}")
     else:
         chain, line = [], "circuit: no path patching edge of the circuit reaches the logits"
-    return {"circuit_chain": chain, "findings_from_circuit": [line]}
+    return dataclasses.replace(verdict, circuit_chain=chain, findings_from_circuit=[line])
 
 
-def _composite_circuit_findings(circuit: dict[str, Any], heads: dict[str, Any]) -> dict[str, Any]:
+def _composite_circuit_findings(verdict: CompositeVerdict, circuit: Circuit, labels: dict[str, str],
+                                planted: set[str]) -> CompositeVerdict:
     """The route to the answer: the circuit's longest path to the logits."""
-    chains = chains_to_logits(circuit)
-    return {"route": _named_chain(chains[0], heads) if chains else "no circuit edge reaches the logits"}
+    chains = chains_to_logits(circuit.edges)
+    route = _named_chain(chains[0], labels, planted) if chains else "no circuit edge reaches the logits"
+    return dataclasses.replace(verdict, route=route)
 
 
 def _rule_findings(rules: list[ParityRule]) -> list[str]:
@@ -251,9 +277,9 @@ def write_analysis(run: LoadedRun, analysis: RunAnalysis) -> Path:
     return path
 
 
-def read_analysis(run_dir: Path) -> RunAnalysis | None:
-    """The run's analysis.json, or None where it has none; RunFolderError naming the file and what
-    is wrong where it is not JSON or not an analysis."""
+def read_analysis(run_dir: Path) -> dict[str, Any] | None:
+    """The run's analysis.json (`RunAnalysis.to_dict`'s form), or None where it has none;
+    RunFolderError naming the file and what is wrong where it is not JSON or not an analysis."""
     path = Path(run_dir) / ANALYSIS
     if not path.exists():
         return None
@@ -264,7 +290,7 @@ def read_analysis(run_dir: Path) -> RunAnalysis | None:
     problem = _analysis_problem(data)
     if problem:
         raise RunFolderError(f"{path} {problem}; run `workbench analyze {run_dir}` again")
-    return RunAnalysis.from_dict({**data, "seconds": float(data["seconds"])})
+    return {"probes": None, **data}
 
 
 ANALYSIS_FIELDS = {"run": (str, "a string"), "task": (str, "a string"), "heads": (dict, "an object"),
@@ -287,24 +313,27 @@ def _analysis_problem(data: Any) -> str | None:
     return None
 
 
-def analysis_sections(report: Report, analysis: RunAnalysis) -> None:
-    """Verdict, heads, patching and probes, appended to `report`."""
-    steps = task_analysis(analysis.task)
-    report.add("Verdict", steps.verdict_html(analysis.verdict))
-    heads = analysis.heads
+def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
+    """Verdict, heads, patching and probes, appended to `report`, from an analysis in its written
+    form (`RunAnalysis.to_dict()`, or analysis.json as `read_analysis` gives it): one place builds
+    the HTML, whether the analysis was just made or read back."""
+    steps = task_analysis(analysis["task"])
+    report.add("Verdict", steps.verdict_html(analysis["verdict"]))
+    heads = analysis["heads"]
     planted = heads.get("planted") or {}
     listed = ", ".join(f"{_head_name(where)} {kind}" for where, kind in planted.items())
     note = f"<p>Planted (hardcoded, not learned) heads: {html.escape(listed)}.</p>" if planted else ""
     report.add("Attention heads", note + figure_html(plots.head_score_heatmaps(heads["scores"], heads["labels"]),
                "Score per kind (0 = uniform attention, 1 = all mass on the kind's targets); * marks each head's label.")
                + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]]))
-    report.add("Activation patching", _patching_html(analysis.patching))
-    if "paths" in analysis.patching:  # analyses written before path patching lack it
-        report.add("Path patching", _paths_html(analysis.patching["paths"], heads["labels"]))
-        if "circuit" in analysis.patching["paths"]:
-            report.add("Circuit", _circuit_html(analysis.patching["paths"]["circuit"], heads["labels"]))
-    if steps.probes_html is not None and analysis.probes is not None:
-        report.add("Probes", steps.probes_html(analysis.probes))
+    patching = analysis["patching"]
+    report.add("Activation patching", _patching_html(patching))
+    if "paths" in patching:  # analyses written before path patching lack it
+        report.add("Path patching", _paths_html(patching["paths"], heads["labels"]))
+        if "circuit" in patching["paths"]:
+            report.add("Circuit", _circuit_html(patching["paths"]["circuit"], heads["labels"]))
+    if steps.probes_html is not None and analysis.get("probes") is not None:
+        report.add("Probes", steps.probes_html(analysis["probes"]))
 
 
 def _head_name(where: str) -> str:
@@ -480,14 +509,14 @@ def _lego_curves(run: LoadedRun) -> plt.Figure:
 
 TASK_ANALYSES: dict[str, TaskAnalysis] = {
     "lego": TaskAnalysis(
-        _lego_findings, lambda verdict: json.dumps(verdict["findings"]), _lego_verdict_html, _lego_probes_html,
+        _lego_findings, lambda verdict: json.dumps(verdict.findings), _lego_verdict_html, _lego_probes_html,
         _lego_curves, "Solid: supervised variables; dashed: not supervised (extrapolation).", _lego_circuit_findings),
     "composite": TaskAnalysis(
-        _composite_findings, lambda verdict: verdict["verdict"], _table_verdict_html, _composite_probes_html,
+        _composite_findings, lambda verdict: verdict.verdict, _table_verdict_html, _composite_probes_html,
         lambda run: plots.composite_curves(run.metrics),
         "Seen-pair accuracy on test keys, and the answers on the held-out pair.", _composite_circuit_findings),
     "templates": TaskAnalysis(
-        _templates_findings, lambda verdict: f"{verdict['verdict']} (accuracy per symbol split {verdict['accuracy']})",
+        _templates_findings, lambda verdict: f"{verdict.verdict} (accuracy per symbol split {verdict.accuracy})",
         _table_verdict_html, None, lambda run: plots.templates_curves(run.metrics),
         "Accuracy on strings of test symbols, never seen in training."),
 }

@@ -36,6 +36,7 @@ Shape glossary: batch = counterfactual pairs, pos, head_index, d_head.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -275,11 +276,11 @@ def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: li
     return "".join(parts)
 
 
-def chains_to_logits(circuit: dict[str, Any]) -> list[list[str]]:
-    """Every path along the circuit's edges that ends at the logits, as head names then
-    "logits"; longest first, then by the weakest edge on it (strongest first)."""
+def chains_to_logits(edges: Sequence[Sequence[Any]]) -> list[list[str]]:
+    """Every path along a circuit's edges (sender, receiver, value) that ends at the logits, as
+    head names then "logits"; longest first, then by the weakest edge on it (strongest first)."""
     into: dict[str, list[tuple[str, float]]] = {}
-    for sender, receiver, value in circuit["edges"]:
+    for sender, receiver, value in edges:
         into.setdefault(receiver.split(".")[0], []).append((sender, abs(value)))
 
     def back(node: str, seen: frozenset[str]) -> list[tuple[list[str], float]]:

@@ -19,11 +19,11 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, ana
     analysis.json), also the verdict, head scores, patching and probes."""
     report = Report(f"interp-workbench run: {run.path.name}")
     stored = analysis is None  # read from the folder's analysis.json, which may be hand-edited or damaged
-    analysis = analysis if analysis is not None else read_analysis(run.path)
+    written = analysis.to_dict() if analysis is not None else read_analysis(run.path)
     report.add("Summary", _summary_html(run))
-    if analysis:
+    if written:
         try:
-            analysis_sections(report, analysis)
+            analysis_sections(report, written)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             if not stored:
                 raise

@@ -12,7 +12,7 @@ head labels.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -46,9 +46,10 @@ class CompositeVerdict:
     attention_flow: dict[str, list[float]] = field(default_factory=dict)  # per layer, head-averaged
     cosine_same_target: float | None = None
     cosine_different_target: float | None = None
+    route: str | None = None  # the circuit graph's longest path to the logits (interp.analysis), where drawn
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _without_unset(asdict(self), ("route",))
 
 
 def composite_verdict(model: HookedTransformer, task: CompositeTask, n: int = 2000, seed: int = 0) -> CompositeVerdict:
@@ -145,9 +146,15 @@ class LegoVerdict:
     learned_step: list[int | None]  # first evaluation step with accuracy >= LEARNED_ACCURACY
     last_learned_before_middle: bool | None  # the shortcut signature (None: not enough learned)
     findings: list[str] = field(default_factory=list)
+    parity_rules: list[ParityRule] | None = None  # Z2: per variable, the parity its answers follow best
+    # from the circuit graph (interp.analysis), where drawn: its for-loop chain (else longest path) and what it says
+    circuit_chain: list[str] | None = None
+    findings_from_circuit: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["parity_rules"] = None if self.parity_rules is None else [rule.summary() for rule in self.parity_rules]
+        return _without_unset(data, ("parity_rules", "circuit_chain", "findings_from_circuit"))
 
 
 def lego_verdict(model: HookedTransformer, task: LegoTask, metrics: list[dict[str, Any]], n: int = 2000, seed: int = 0) -> LegoVerdict:
@@ -164,6 +171,11 @@ def lego_verdict(model: HookedTransformer, task: LegoTask, metrics: list[dict[st
     verdict = LegoVerdict([round(a, 4) for a in acc], supervised, None if gap is None else round(gap, 4), learned, shortcut)
     verdict.findings = _lego_findings(verdict)
     return verdict
+
+
+def _without_unset(data: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    """`data` without the `optional` keys that are None: analysis.json holds what was measured."""
+    return {key: value for key, value in data.items() if value is not None or key not in optional}
 
 
 @dataclass

@@ -174,3 +174,39 @@ def test_analyze_device_cuda_without_cuda_exits_2_naming_cuda_and_writes_nothing
     err = capsys.readouterr().err
     assert "analyze --device='cuda'" in err and "no CUDA device is available" in err
     assert not (out / "analysis.json").exists() and not (out / "report.html").exists()
+
+
+@pytest.mark.parametrize("task", ["lego", "composite", "templates"])
+def test_the_analysis_is_typed_until_written_and_one_place_builds_its_html(tmp_path, task):
+    """`analyze_run` hands back the objects that measured (head scores, patch results, the
+    circuit, the probe map, the task's verdict), not JSON dicts; the report of the analysis just
+    made and of analysis.json read back are the same sections."""
+    from interp.analysis import analysis_sections, analyze_run, read_analysis, write_analysis
+    from interp.attention import HeadScores
+    from interp.circuit import Circuit
+    from interp.patching import PatchResult
+    from interp.probes import CompositeProbeMap, ProbeMap
+    from interp.report import Report
+    from interp.solutions import CompositeVerdict, LegoVerdict, TemplatesVerdict
+    from models.runs import load_run
+
+    out = tmp_path / task
+    assert main(["train", "--task", task, "--out", str(out), *TINY]) == 0
+    run = load_run(out)
+    analysis = analyze_run(run, n_samples=64)
+    assert isinstance(analysis.heads, HeadScores) and isinstance(analysis.patching.circuit, Circuit)
+    assert isinstance(analysis.patching.residual, PatchResult) and analysis.patching.heads.method == "exact"
+    assert set(analysis.patching.estimates) == {"atp", "graddrop", "ig4"}
+    assert isinstance(analysis.verdict, {"lego": LegoVerdict, "composite": CompositeVerdict,
+                                         "templates": TemplatesVerdict}[task])
+    assert isinstance(analysis.probes, {"lego": ProbeMap, "composite": CompositeProbeMap, "templates": type(None)}[task])
+    if task == "lego":  # what the circuit graph adds to the verdict is a field of it
+        assert analysis.verdict.findings_from_circuit[0].startswith("circuit: ")
+    write_analysis(run, analysis)
+    read = read_analysis(out)
+    assert read == json.loads(json.dumps(analysis.to_dict()))
+    fresh_report, read_report = Report("run"), Report("run")
+    analysis_sections(fresh_report, analysis.to_dict())
+    analysis_sections(read_report, read)
+    assert [h for h, _ in fresh_report.sections] == [h for h, _ in read_report.sections]
+    assert fresh_report.sections == read_report.sections

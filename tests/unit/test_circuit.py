@@ -62,9 +62,9 @@ def test_the_circuit_is_the_shortest_prefix_that_reaches_the_target_and_its_edge
 def test_chains_to_logits_follow_edges_back_from_the_logits_longest_first():
     from interp.circuit import chains_to_logits, loop_steps
 
-    circuit = {"edges": [["L1H0", "L2H1.v", 0.3], ["L2H1", "L3H0.k", 0.2], ["L3H0", "logits", 0.5],
-                         ["L0H1", "L2H1.q", 0.1], ["L2H1", "logits", 0.4], ["L0H0", "L1H1.v", 0.9]]}
-    chains = chains_to_logits(circuit)
+    edges = [("L1H0", "L2H1.v", 0.3), ("L2H1", "L3H0.k", 0.2), ("L3H0", "logits", 0.5),
+             ("L0H1", "L2H1.q", 0.1), ("L2H1", "logits", 0.4), ("L0H0", "L1H1.v", 0.9)]
+    chains = chains_to_logits(edges)
     assert chains[0] == ["L1H0", "L2H1", "L3H0", "logits"]  # same length: its weakest edge (0.2) beats 0.1
     assert ["L3H0", "logits"] in chains and ["L2H1", "logits"] in chains
     assert not any("L1H1" in chain for chain in chains)  # L1H1 reaches no logits
