@@ -47,6 +47,9 @@ class CompositeVerdict:
     cosine_same_target: float | None = None
     cosine_different_target: float | None = None
     route: str | None = None  # the circuit graph's longest path to the logits (interp.analysis), where drawn
+    # per key position (0 .. seq_len-3): the held-out rates of the inferential and symmetric answers
+    # (None where no sequence had its key there); a solution can differ by where the pair sits
+    held_out_by_key_position: dict[str, list[float | None]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return _without_unset(asdict(self), ("route",))
@@ -67,7 +70,19 @@ def composite_verdict(model: HookedTransformer, task: CompositeTask, n: int = 20
         held_out_inferential=round(inf, 4), held_out_symmetric=round(sym, 4), held_out_other=round(1 - inf - sym, 4),
         attention_flow=composite_attention_flow(model, held), cosine_same_target=round(same, 4),
         cosine_different_target=round(different, 4),
+        held_out_by_key_position={name: _rate_by_key_position(pred, held, name, task.n_key_positions)
+                                  for name in ("inferential", "symmetric")},
     )
+
+
+def _rate_by_key_position(pred: Int[Tensor, " batch"], held: Batch, answer: str, n_positions: int) -> list[float | None]:
+    """Per key position, the share of `pred` equal to the `answer` latent (None: no sequence there)."""
+    positions = held.latents["key_pos"]
+    rates = []
+    for p in range(n_positions):
+        here = positions == p
+        rates.append(round((pred[here] == held.latents[answer][here]).float().mean().item(), 4) if here.any() else None)
+    return rates
 
 
 def classify_composite(seen_accuracy: float, inferential: float, symmetric: float) -> str:
