@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
+import torch
 
 from analyses.study import Study, StudyContext
 from analyses.sweep import CellResult, grid_cells, grid_points
@@ -31,6 +32,7 @@ from interp.solutions import classify_composite, composite_verdict
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
 from models.runs import LoadedRun, load_run
+from models.train import bf16_supported
 from tasks import CompositeConfig, CompositeTask, seeded_generator
 
 SEEN_LEARNED = 0.9  # the paper counts a run whose seen-pair accuracy is below this as unlearned
@@ -40,8 +42,10 @@ EVAL_SAMPLES = {"tiny": 200, "cpu": 2000, "gpu": 5000, "paper": 5000}
 
 def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
     """The config every cell starts from, with the study's `--set` overrides (e.g.
-    model.norm_position=post). cpu: the composite-cpu preset for 600 steps (its seen pairs are
-    learned by step 400 at gamma 0.8, analyses/RESULTS.md). gpu: the composite-gpu preset (the
+    model.norm_position=post). cpu: the composite-cpu preset trained to the stop rule (seen-pair
+    accuracy no higher over 5 evaluations of 100 steps; at most 3,000 steps), compiled, with bf16
+    autocast where the CPU has bf16 kernels (3.4x the eager fp32 steps/s at depth 2, one thread;
+    analyses/RESULTS.md). gpu: the composite-gpu preset (the
     paper's width and post-LN block, batch 2048, fresh data, to the stop rule or 6,000 steps)."""
     if scale == "tiny":
         base = RunConfig(task=CompositeConfig(),
@@ -50,7 +54,9 @@ def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
                                            checkpoint_every=10))
     elif scale == "cpu":
         cpu = get_preset("composite-cpu")
-        base = dataclasses.replace(cpu, train=dataclasses.replace(cpu.train, steps=600))
+        base = dataclasses.replace(cpu, train=dataclasses.replace(
+            cpu.train, steps=3000, plateau_evals=5, compile=True,
+            precision="bf16" if bf16_supported(torch.device("cpu")) else "fp32"))
     elif scale == "gpu":
         base = get_preset("composite-gpu")
     else:
@@ -59,12 +65,16 @@ def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
 
 
 def phase_grid(scale: str) -> dict[str, list[Any]]:
-    """Seed slowest, so a run cut short has whole diagrams for the first seeds. gpu: the paper's
+    """Seed slowest, so a run cut short has whole diagrams for the first seeds. cpu: the paper's
+    gammas and 0.9 at depth 2-5, 3 seeds and one learning rate (1e-3), to fit 60 minutes of 2
+    cores (the paper: 3 seeds x 9 learning rates; at depth 2 our pre-LN verdicts did not depend
+    on the learning rate over 5e-4..2e-3, analyses/RESULTS.md). gpu: the paper's
     gammas (0.3-0.8; at its width 400, gamma 0.9 is std 0.0045) at depth 2-5, one learning rate."""
     if scale == "tiny":
         return {"train.seed": [0], "model.init_gamma": [0.3, 0.9], "model.n_layers": [1]}
     if scale == "cpu":
-        return {"train.seed": [0, 1], "model.init_gamma": [0.3, 0.5, 0.7, 0.9], "model.n_layers": [2, 3, 4]}
+        return {"train.seed": [0, 1, 2], "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+                "model.n_layers": [2, 3, 4, 5]}
     if scale == "gpu":
         return {"train.seed": [0, 1], "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], "model.n_layers": [2, 3, 4, 5]}
     # paper: 3 seeds x 9 learning rates uniformly in [1e-4, 3e-4] per cell (PAPERS.md section 2)
@@ -231,6 +241,13 @@ def phase_figure(table: dict[str, dict[str, Any]]) -> plt.Figure:
     return fig
 
 
+def _by_position(measures: dict[str, Any], answer: str) -> str:
+    """`.00 .00 ... .90`: a run's held-out rate of one answer per key position (the last position
+    puts the anchor pair at the sequence's end)."""
+    rates = (measures.get("held_out_by_key_position") or {}).get(answer) or []
+    return " ".join("-" if r is None else f"{r:.2f}".lstrip("0") for r in rates)
+
+
 def run_phase(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
     grid = with_seeds(phase_grid(ctx.scale), ctx)
@@ -254,11 +271,12 @@ def run_phase(ctx: StudyContext) -> dict[str, Any]:
                              "best x-10 over lr", "best x-6 over lr"])),
                 ("Every run: vectors and complexity", table_html(
         [[name, m.get("verdict"), m.get("seen_accuracy"), m.get("held_out_inferential"), m.get("held_out_symmetric"),
+          _by_position(m, "inferential"), _by_position(m, "symmetric"),
           m.get("cosine_same_target"), m.get("cosine_different_target"),
           (m.get("query_condensation") or {}).get("share_aligned"), m.get("embedding_top1"), m.get("embedding_top3"),
           m.get("train_seconds")] for name, m in measured.items()],
-        ["cell", "verdict", "seen", "x-10", "x-6", "cos same target", "cos other target", "W_Q aligned share",
-         "emb top-1", "emb top-3", "train s"]))]
+        ["cell", "verdict", "seen", "x-10", "x-6", "x-10 per key position", "x-6 per key position", "cos same target",
+         "cos other target", "W_Q aligned share", "emb top-1", "emb top-3", "train s"]))]
     return ctx.finish(f"composite-phase ({ctx.scale}): initialisation rate x depth", sections, {
         "headline": headline, "table": table, "cells": measured, "grid": grid,
         "base": base.to_dict(), "seconds": round(time.perf_counter() - started, 1)})
