@@ -17,6 +17,7 @@ import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -202,10 +203,13 @@ def aggregate_phase(points: dict[str, dict[str, Any]], measured: dict[str, dict[
     return table
 
 
-def sweep_phase_table(index: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def sweep_phase_table(index: dict[str, Any], sweep_dir: Path | None = None, n: int = EVAL_SAMPLES["cpu"]
+                      ) -> dict[str, dict[str, Any]]:
     """`aggregate_phase` over a composite sweep's index (sweep.json), from each cell's last
-    evaluation (seen accuracy and held-out rates on the run's evaluation batch); cells that
-    did not finish are left out. Depth comes from the grid, else from the base config."""
+    evaluation (seen accuracy and held-out rates on the run's evaluation batch, about 140
+    held-out sequences at eval_size 2,000), or with `sweep_dir` from `n` fresh test-key
+    sequences per pair type (`composite_verdict`, the phase study's measure). Cells that did
+    not finish are left out. Depth comes from the grid, else from the base config."""
     base = index["base"]["model"]
     points, measured = {}, {}
     for name, cell in index["cells"].items():
@@ -213,6 +217,10 @@ def sweep_phase_table(index: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if cell.get("status") != "done" or "acc_seen" not in final:
             continue
         points[name] = {"model.n_layers": base["n_layers"], "model.init_gamma": base["init_gamma"], **cell["point"]}
+        if sweep_dir is not None:
+            run = load_run(sweep_dir / name)
+            measured[name] = composite_verdict(run.model, run.task, n=n).to_dict()
+            continue
         rates = {"seen_accuracy": final["acc_seen"], "held_out_inferential": final["held_out_inferential"],
                  "held_out_symmetric": final["held_out_symmetric"]}
         measured[name] = {**rates, "verdict": classify_composite(*rates.values())}
@@ -428,12 +436,15 @@ def main(argv: list[str] | None = None) -> int:
     model.init_gamma=...`): per (gamma, depth) the verdict of the seeds' best learning rates."""
     import argparse
     import json
-    from pathlib import Path
 
     parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
     parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--measure", action="store_true",
+                        help=f"measure every finished cell on {EVAL_SAMPLES['cpu']:,} fresh test-key sequences per pair "
+                             "type, as the phase study does, instead of reading its last evaluation")
     args = parser.parse_args(argv)
-    table = sweep_phase_table(json.loads((args.sweep_dir / "sweep.json").read_text()))
+    index = json.loads((args.sweep_dir / "sweep.json").read_text())
+    table = sweep_phase_table(index, args.sweep_dir if args.measure else None)
     for cell in table.values():
         print(json.dumps(cell))
     return 0

@@ -134,3 +134,23 @@ def test_gammas_pick_the_mechanism_studys_pair_and_other_studies_refuse_them(tmp
         out = tmp_path / "refused"
         assert main(["study", *argv, "--scale", "tiny", "--out", str(out)]) == 2
         assert says in capsys.readouterr().err and not out.exists()
+
+
+def test_measure_reads_a_sweeps_cells_like_the_phase_study(tmp_path, capsys):
+    """`python -m analyses.studies.composite SWEEP --measure` gives each cell the phase study's
+    measure (composite_verdict on fresh test-key sequences), not the run's last evaluation."""
+    import json
+
+    from analyses.studies.composite import main
+    from analyses.sweep import run_sweep
+    from interp.solutions import composite_verdict
+    from models.runs import load_run
+    from tests.helpers import tiny_composite_run
+
+    run_sweep(tiny_composite_run(steps=10), {"train.seed": [0, 1]}, tmp_path, workers=1, progress=False)
+    assert main([str(tmp_path), "--measure"]) == 0
+    row = json.loads(capsys.readouterr().out.strip())
+    verdicts = [composite_verdict(load_run(tmp_path / f"seed={s}").model, load_run(tmp_path / f"seed={s}").task, n=2000)
+                for s in (0, 1)]
+    assert row["seeds"] == 2 and row["seed_verdicts"] == [v.verdict for v in verdicts]
+    assert row["seen_accuracy"] == pytest.approx(sum(v.seen_accuracy for v in verdicts) / 2, abs=1e-4)
