@@ -1,7 +1,8 @@
 """One trained run, looked into: head scores and labels, exact and attribution patching on the
 task's own counterfactual pairs, then the task's own steps (probes, solution verdict) from the
-registry `TASK_ANALYSES`. `analyze_run` returns a `RunAnalysis`; `write_analysis` writes it as
-analysis.json; `analysis_sections` turns it into report sections.
+registry `TASK_ANALYSES`. `analyze_run` returns a `RunAnalysis` (the objects that measured);
+`write_analysis` writes its `to_dict()` as analysis.json; `analysis_sections` turns that written
+form (fresh, or read back by `read_analysis`) into report sections.
 
 Adding a task: one file in `tasks/` implementing `tasks.Task`, and one `TaskAnalysis` entry here."""
 
@@ -24,7 +25,7 @@ from transformer_lens import HookedTransformer
 from interp import plots
 from interp.atp import Judged, judge_estimates
 from interp.attention import HeadScores, classify_heads
-from interp.circuit import Circuit, chains_to_logits, circuit_svg, find_circuit, loop_steps
+from interp.circuit import Circuit, chains_to_logits, circuit_svg, find_circuit, head_name, loop_steps
 from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual
 from interp.paths import PathPatchResult, check_path_patchable, path_patch
 from interp.probes import CompositeProbeMap, ProbeMap, composite_probe_map, lego_probe_map, percolation_summary
@@ -40,6 +41,7 @@ from interp.solutions import (
     predictions,
     templates_verdict,
 )
+from models.planted import parse_planted
 from models.runs import ANALYSIS, LoadedRun, RunFolderError
 from tasks import Batch, Task, seeded_generator
 
@@ -115,12 +117,12 @@ class TaskAnalysis:
     curves(run) -> the training-curve figure."""
 
     findings: Callable[[LoadedRun, int], tuple[Probes | None, Verdict]]
-    headline: Callable[[Any], str]
+    headline: Callable[[Verdict], str]
     verdict_html: Callable[[dict[str, Any]], str]
     probes_html: Callable[[dict[str, Any]], str] | None
     curves: Callable[[LoadedRun], plt.Figure]
     curves_caption: str
-    circuit_findings: Callable[[Any, Circuit, dict[str, str], set[str]], Verdict] | None = None
+    circuit_findings: Callable[[Verdict, Circuit, dict[str, str], set[str]], Verdict] | None = None
 
 
 def task_analysis(name: str) -> TaskAnalysis:
@@ -216,12 +218,8 @@ def _head_labels(heads: HeadScores) -> dict[str, str]:
 
 def _planted_names(planted: dict[str, str], heads: HeadScores) -> set[str]:
     """The hardcoded heads as "L1H0" names ("*.0": head 0 of every layer)."""
-    layers = range(len(heads.labels))
-    names = set()
-    for where in planted:
-        layer, _, head = where.partition(".")
-        names.update(f"L{i}H{head}" for i in (layers if layer == "*" else [int(layer)]))
-    return names
+    plan = parse_planted(planted, len(heads.labels), len(heads.labels[0]))
+    return {head_name(layer, head) for layer, kinds in plan.items() for head in kinds}
 
 
 def _named_chain(chain: list[str], labels: dict[str, str], planted: set[str]) -> str:

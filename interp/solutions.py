@@ -1,7 +1,8 @@
 """Solution verdicts: which solution did the model find, with the numbers that say so.
 
 Composite: on the held-out pair, the share of answers equal to the inferential target, the
-symmetric target, or neither; "unlearned" when seen-pair accuracy < 90%. Evidence: attention
+symmetric target, or neither (overall and per key position); "unlearned" when seen-pair
+accuracy < 90%. Evidence: attention
 from the last token to key and anchors and from the anchors to the key, per layer; cosine
 similarity of last-token representations for equal targets from different pairs.
 
@@ -12,6 +13,7 @@ head labels.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -167,7 +169,7 @@ class LegoVerdict:
     findings_from_circuit: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
         data["parity_rules"] = None if self.parity_rules is None else [rule.summary() for rule in self.parity_rules]
         return _without_unset(data, ("parity_rules", "circuit_chain", "findings_from_circuit"))
 

@@ -121,6 +121,14 @@ def check_compile(device: torch.device, compile: bool) -> None:
                           "or train with train.compile=false")
 
 
+def fastest_cpu_options() -> dict[str, Any]:
+    """The training speed options this CPU can run: `compile` where a C++ compiler is on PATH,
+    bf16 `precision` where it has bf16 kernels. Configs built from them depend on the machine."""
+    device = torch.device("cpu")
+    return {"compile": bool(shutil.which("g++") or shutil.which("c++")),
+            "precision": "bf16" if bf16_supported(device) else "fp32"}
+
+
 def training_precision(device: torch.device, precision: str):
     """bf16 autocast for the forward pass, or nothing for fp32."""
     if precision == "fp32":

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
-import torch
 
 from analyses.study import Study, StudyContext
 from analyses.sweep import CellResult, grid_cells, grid_points
@@ -33,7 +32,7 @@ from interp.solutions import classify_composite, composite_verdict
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
 from models.runs import LoadedRun, load_run
-from models.train import bf16_supported
+from models.train import fastest_cpu_options
 from tasks import CompositeConfig, CompositeTask, seeded_generator
 
 SEEN_LEARNED = 0.9  # the paper counts a run whose seen-pair accuracy is below this as unlearned
@@ -44,9 +43,11 @@ EVAL_SAMPLES = {"tiny": 200, "cpu": 2000, "gpu": 5000, "paper": 5000}
 def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
     """The config every cell starts from, with the study's `--set` overrides (e.g.
     model.norm_position=post). cpu: the composite-cpu preset trained to the stop rule (seen-pair
-    accuracy no higher over 5 evaluations of 100 steps; at most 3,000 steps), compiled, with bf16
-    autocast where the CPU has bf16 kernels (3.4x the eager fp32 steps/s at depth 2, one thread;
-    analyses/RESULTS.md). gpu: the composite-gpu preset (the
+    accuracy no higher over 5 evaluations of 100 steps; at most 3,000 steps), compiled where a
+    C++ compiler is at hand, with bf16 autocast where the CPU has bf16 kernels (about 3x the
+    eager fp32 steps/s at depth 2, analyses/RESULTS.md). So the cells' configs depend on the
+    machine: a study folder resumed on a machine with other options refuses its finished cells as
+    another config; `--set train.precision=... --set train.compile=...` matches them. gpu: the composite-gpu preset (the
     paper's width and post-LN block, batch 2048, fresh data, to the stop rule or 6,000 steps)."""
     if scale == "tiny":
         base = RunConfig(task=CompositeConfig(),
@@ -56,8 +57,7 @@ def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
     elif scale == "cpu":
         cpu = get_preset("composite-cpu")
         base = dataclasses.replace(cpu, train=dataclasses.replace(
-            cpu.train, steps=3000, plateau_evals=5, compile=True,
-            precision="bf16" if bf16_supported(torch.device("cpu")) else "fp32"))
+            cpu.train, steps=3000, plateau_evals=5, **fastest_cpu_options()))
     elif scale == "gpu":
         base = get_preset("composite-gpu")
     else:
@@ -440,11 +440,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--measure", action="store_true",
-                        help=f"measure every finished cell on {EVAL_SAMPLES['cpu']:,} fresh test-key sequences per pair "
-                             "type, as the phase study does, instead of reading its last evaluation")
+                        help="measure every finished cell on fresh test-key sequences (--n per pair type), as the phase "
+                             "study does, instead of reading its last evaluation")
+    parser.add_argument("--n", type=int, default=EVAL_SAMPLES["cpu"],
+                        help=f"with --measure: sequences per pair type (default {EVAL_SAMPLES['cpu']:,}, the cpu scale's; "
+                             f"gpu {EVAL_SAMPLES['gpu']:,})")
     args = parser.parse_args(argv)
     index = json.loads((args.sweep_dir / "sweep.json").read_text())
-    table = sweep_phase_table(index, args.sweep_dir if args.measure else None)
+    table = sweep_phase_table(index, args.sweep_dir if args.measure else None, args.n)
     for cell in table.values():
         print(json.dumps(cell))
     return 0

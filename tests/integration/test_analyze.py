@@ -2,6 +2,7 @@
 
 import html
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,17 +177,27 @@ def test_analyze_device_cuda_without_cuda_exits_2_naming_cuda_and_writes_nothing
     assert not (out / "analysis.json").exists() and not (out / "report.html").exists()
 
 
+def _key_tree(value):
+    """The nested keys of a JSON value (list items by their first element's tree)."""
+    if isinstance(value, dict):
+        return {k: _key_tree(v) for k, v in value.items()}
+    if isinstance(value, list) and value and isinstance(value[0], (dict, list)):
+        return [_key_tree(value[0])]
+    return None
+
+
 @pytest.mark.parametrize("task", ["lego", "composite", "templates"])
-def test_the_analysis_is_typed_until_written_and_one_place_builds_its_html(tmp_path, task):
+def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, task):
     """`analyze_run` hands back the objects that measured (head scores, patch results, the
-    circuit, the probe map, the task's verdict), not JSON dicts; the report of the analysis just
-    made and of analysis.json read back are the same sections."""
-    from interp.analysis import analysis_sections, analyze_run, read_analysis, write_analysis
+    circuit, the probe map, the task's verdict), not JSON dicts. Written, it has the key tree of
+    an analysis.json made by the dict-based code (9f7496e, tests/data/) of the same tiny run, but
+    the composite verdict's new per-key-position rates; and such an older file still renders."""
+    from interp.analysis import analyze_run, read_analysis, write_analysis
     from interp.attention import HeadScores
     from interp.circuit import Circuit
     from interp.patching import PatchResult
     from interp.probes import CompositeProbeMap, ProbeMap
-    from interp.report import Report
+    from interp.run_report import build_run_report
     from interp.solutions import CompositeVerdict, LegoVerdict, TemplatesVerdict
     from models.runs import load_run
 
@@ -202,11 +213,13 @@ def test_the_analysis_is_typed_until_written_and_one_place_builds_its_html(tmp_p
     assert isinstance(analysis.probes, {"lego": ProbeMap, "composite": CompositeProbeMap, "templates": type(None)}[task])
     if task == "lego":  # what the circuit graph adds to the verdict is a field of it
         assert analysis.verdict.findings_from_circuit[0].startswith("circuit: ")
+    written = analysis.to_dict()
+    before = json.loads((Path(__file__).parents[1] / "data" / f"analysis-9f7496e-{task}.json").read_text())
+    if task == "composite":
+        assert set(written["verdict"].pop("held_out_by_key_position")) == {"inferential", "symmetric"}
+    assert _key_tree(written) == _key_tree(before)
     write_analysis(run, analysis)
-    read = read_analysis(out)
-    assert read == json.loads(json.dumps(analysis.to_dict()))
-    fresh_report, read_report = Report("run"), Report("run")
-    analysis_sections(fresh_report, analysis.to_dict())
-    analysis_sections(read_report, read)
-    assert [h for h, _ in fresh_report.sections] == [h for h, _ in read_report.sections]
-    assert fresh_report.sections == read_report.sections
+    assert read_analysis(out) == json.loads(json.dumps(analysis.to_dict()))  # what was written comes back
+    (out / "analysis.json").write_text(json.dumps(before))  # the older file renders every section
+    page = build_run_report(run).to_html()
+    assert all(f"<h2>{section}</h2>" in page for section in ["Verdict", "Activation patching", "Path patching", "Circuit"])

@@ -150,7 +150,7 @@ def test_measure_reads_a_sweeps_cells_like_the_phase_study(tmp_path, capsys):
     run_sweep(tiny_composite_run(steps=10), {"train.seed": [0, 1]}, tmp_path, workers=1, progress=False)
     assert main([str(tmp_path), "--measure"]) == 0
     row = json.loads(capsys.readouterr().out.strip())
-    verdicts = [composite_verdict(load_run(tmp_path / f"seed={s}").model, load_run(tmp_path / f"seed={s}").task, n=2000)
-                for s in (0, 1)]
+    runs = [load_run(tmp_path / f"seed={s}") for s in (0, 1)]
+    verdicts = [composite_verdict(run.model, run.task, n=2000) for run in runs]
     assert row["seeds"] == 2 and row["seed_verdicts"] == [v.verdict for v in verdicts]
     assert row["seen_accuracy"] == pytest.approx(sum(v.seen_accuracy for v in verdicts) / 2, abs=1e-4)
