@@ -203,6 +203,11 @@ def run_benchmarks(quick: bool = False) -> dict[str, float]:
           f"peak measured now ({peak / 1e9:.1f} GFLOP/s, 1024x1024)")
 
     results.update(training_modes((128,) if quick else (128, 512), repeats=2 if quick else 5))
+    if not quick:  # the composite phase study's cells (cpu scale: compiled, bf16 where the CPU has it)
+        composite = {f"composite_d{depth}_" + key: value for depth in (2, 5) for key, value in training_modes(
+            (256,), 5, composite_cpu().with_overrides([f"model.n_layers={depth}"]),
+            shape=f"composite-cpu shape, depth {depth}").items()}
+        results.update(composite)
 
     warm, timed = (50, 20) if quick else (400, 100)
     slow, fast = denormal_step_rate(False, warm, timed), denormal_step_rate(True, warm, timed)
