@@ -114,9 +114,14 @@ def check_precision(device: torch.device, precision: str) -> None:
         raise ConfigError(f"train.precision='bf16' but this {device.type} device has no bf16 kernels; use train.precision=fp32")
 
 
+def has_cpu_compiler() -> bool:
+    """Whether a C++ compiler is on PATH (torch.compile's CPU backend builds C++ kernels)."""
+    return bool(shutil.which("g++") or shutil.which("c++"))
+
+
 def check_compile(device: torch.device, compile: bool) -> None:
     """torch.compile's CPU backend builds C++ kernels: refuse up front rather than at step 1."""
-    if compile and device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+    if compile and device.type == "cpu" and not has_cpu_compiler():
         raise ConfigError("train.compile=true on the CPU needs a C++ compiler (g++) on PATH; install one, "
                           "or train with train.compile=false")
 
@@ -125,7 +130,7 @@ def fastest_cpu_options() -> dict[str, Any]:
     """The training speed options this CPU can run: `compile` where a C++ compiler is on PATH,
     bf16 `precision` where it has bf16 kernels. Configs built from them depend on the machine."""
     device = torch.device("cpu")
-    return {"compile": bool(shutil.which("g++") or shutil.which("c++")),
+    return {"compile": has_cpu_compiler(),
             "precision": "bf16" if bf16_supported(device) else "fp32"}
 
 
