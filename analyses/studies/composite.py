@@ -68,8 +68,8 @@ def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
 def phase_grid(scale: str) -> dict[str, list[Any]]:
     """Seed slowest, so a run cut short has whole diagrams for the first seeds. cpu: the paper's
     gammas and 0.9 at depth 2-5, 3 seeds and one learning rate (1e-3), to fit 60 minutes of 2
-    cores (the paper: 3 seeds x 9 learning rates; at depth 2 our pre-LN verdicts did not depend
-    on the learning rate over 5e-4..2e-3, analyses/RESULTS.md). gpu: the paper's
+    cores (the paper: 3 seeds x 9 learning rates; at depth 2 the pre-LN verdicts of gamma 0.5 and
+    0.7 did not depend on the lr over 5e-4..2e-3, but gamma 0.8's did, analyses/RESULTS.md). gpu: the paper's
     gammas (0.3-0.8; at its width 400, gamma 0.9 is std 0.0045) at depth 2-5, one learning rate."""
     if scale == "tiny":
         return {"train.seed": [0], "model.init_gamma": [0.3, 0.9], "model.n_layers": [1]}
