@@ -77,6 +77,21 @@ def composite_verdict(model: HookedTransformer, task: CompositeTask, n: int = 20
     )
 
 
+def held_out_on_training_keys(model: HookedTransformer, task: CompositeTask, n: int = 2000, seed: int = 0
+                              ) -> dict[str, Any]:
+    """The held-out pair's answer rates with keys of the *training* split: the pair is unseen, the
+    (key, position) combinations are not. The composite paper's public code reports this reading
+    (its test-key reading is only logged); `composite_verdict` reads test keys, new pair and new
+    keys at once."""
+    gen = seeded_generator(seed + 1)
+    held = task.sample(n, gen, split="train", pair_ids=_held_out_pairs(task, n, gen))
+    pred = predictions(model, held)[:, 0]
+    rates = {a: round((pred == held.latents[a]).float().mean().item(), 4) for a in ("inferential", "symmetric")}
+    return {"train_keys_inferential": rates["inferential"], "train_keys_symmetric": rates["symmetric"],
+            "train_keys_by_key_position": {a: _rate_by_key_position(pred, held, a, task.n_key_positions)
+                                           for a in ("inferential", "symmetric")}}
+
+
 def _rate_by_key_position(pred: Int[Tensor, " batch"], held: Batch, answer: str, n_positions: int) -> list[float | None]:
     """Per key position, the share of `pred` equal to the `answer` latent (None: no sequence there)."""
     positions = held.latents["key_pos"]

@@ -45,6 +45,8 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
         model = HookedTransformer(tl_cfg)
         if cfg.init_gamma is not None:
             apply_init_scale(model, cfg.init_gamma)
+    if not cfg.biases:
+        remove_biases(model)  # before tying: the tied blocks share block 0's frozen zeros
     if cfg.norm_position == "post":
         install_post_norm(model)  # before tying, so tied blocks share their norms too
     if cfg.fixed_embeddings:
@@ -84,6 +86,20 @@ def apply_init_scale(model: HookedTransformer, gamma: float) -> None:
                 param.normal_(0.0, fan_in(name, param) ** -gamma)
             elif leaf.startswith("b_"):
                 param.zero_()
+
+
+BIASES = ("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out")  # attention and MLP; not the norms' or the unembedding's
+
+
+def remove_biases(model: HookedTransformer) -> None:
+    """A bias-free model (`model.biases=false`, the composite paper's): every attention and MLP
+    bias set to zero and frozen. A frozen parameter gets no gradient, so AdamW never moves it
+    (weight decay included), and the block computes exactly what one without the bias would."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.rsplit(".", 1)[-1] in BIASES:
+                param.zero_()
+                param.requires_grad_(False)
 
 
 def install_post_norm(model: HookedTransformer) -> None:

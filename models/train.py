@@ -381,14 +381,24 @@ class Trainer:
 
     def _plateaued(self, record: dict[str, Any]) -> bool:
         """The stop rule (`train.plateau_evals`): the headline accuracy of the last N evaluations,
-        this one included, rises no more than `plateau_tol` above its best before them."""
-        n = self.cfg.train.plateau_evals
-        if n is None or self.step >= self.cfg.train.steps:
+        this one included, rises no more than `plateau_tol` above its best before them; not
+        before `plateau_min_steps`, and only once every `plateau_watch` metric has moved by no
+        more than `plateau_watch_tol` over those N evaluations."""
+        train = self.cfg.train
+        n = train.plateau_evals
+        if n is None or self.step >= train.steps or self.step < train.plateau_min_steps:
             return False
-        history = [_headline_value(r) for r in read_metrics(self.run_dir) if "train_loss" in r] + [_headline_value(record)]
+        missing = [name for name in train.plateau_watch if name not in record]
+        if missing:
+            raise ConfigError(f"train.plateau_watch names {missing}, which this task's evaluation does not record; "
+                              f"it records {sorted(k for k, v in record.items() if isinstance(v, (int, float)))}")
+        records = [r for r in read_metrics(self.run_dir) if "train_loss" in r] + [record]
+        history = [_headline_value(r) for r in records]
         if len(history) <= n or any(v is None for v in history):
             return False
-        return max(history[-n:]) <= max(history[:-n]) + self.cfg.train.plateau_tol
+        if max(history[-n:]) > max(history[:-n]) + train.plateau_tol:
+            return False
+        return all(_settled([r.get(name) for r in records[-n:]], train.plateau_watch_tol) for name in train.plateau_watch)
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
         with open(self.run_dir / METRICS, "a") as f:
@@ -478,6 +488,14 @@ class Trainer:
 def _headline_value(record: dict[str, Any]) -> float | None:
     """The accuracy a run is judged by: supervised variables (LEGO), seen pairs (composite)."""
     return record.get("acc_supervised", record.get("acc_seen", record.get("acc")))
+
+
+def _settled(values: list[Any], tol: float) -> bool:
+    """Whether a watched metric's last values moved by no more than `tol`; a metric that some of
+    them lack (not measured at those evaluations) has not settled."""
+    if any(not isinstance(v, (int, float)) for v in values):
+        return False
+    return max(values) - min(values) <= tol
 
 
 def _headline(record: dict[str, Any]) -> str:

@@ -8,7 +8,9 @@ pair an *inferential* model answers the true composition, a *symmetric* one copi
 of the mirror pair.
 
 Train/test split by key position p (0-based, p in 0..seq_len-3): a training key x satisfies
-x mod (seq_len-2) != p; a test key satisfies x mod (seq_len-2) == p.
+x mod m != p; a test key satisfies x mod m == p, with m = `key_modulus` (default seq_len-2, the
+paper's text; its group's public code uses m = seq_len, so that keys with x mod 9 in {7, 8} are
+never test keys).
 
 Shape glossary: batch = sequences, pos = token positions, label = 1 (the last position).
 """
@@ -35,6 +37,11 @@ class CompositeConfig:
     value_max: int = 99
     overrides: dict[str, int] = field(default_factory=lambda: {"3,4": -6})  # "a1,a2" -> total shift
     held_out: list[str] = field(default_factory=lambda: ["4,3"])
+    key_modulus: int | None = None  # None: seq_len - 2
+
+    @property
+    def modulus(self) -> int:
+        return self.key_modulus if self.key_modulus is not None else self.seq_len - 2
 
     def __post_init__(self) -> None:
         n = len(self.shifts)
@@ -50,6 +57,9 @@ class CompositeConfig:
             raise ConfigError(f"task.value_min={self.value_min} lets targets go negative with shifts {self.shifts}")
         for pair in [*self.overrides, *self.held_out]:
             parse_pair(pair, n)
+        if self.key_modulus is not None and self.key_modulus < self.seq_len - 2:
+            raise ConfigError(f"task.key_modulus={self.key_modulus} leaves key positions without test keys; use "
+                              f"key_modulus >= seq_len - 2 = {self.seq_len - 2}, or null")
 
 
 def parse_pair(pair: str, n_anchors: int) -> tuple[int, int]:
@@ -109,7 +119,7 @@ class CompositeTask(UnpaddedTask):
         values = torch.arange(self.cfg.value_min, self.cfg.value_max + 1)
         rows = []
         for p in range(self.n_key_positions):
-            on_diagonal = values % self.n_key_positions == p
+            on_diagonal = values % self.cfg.modulus == p
             rows.append(values[on_diagonal if split == "test" else ~on_diagonal])
         counts = torch.tensor([len(r) for r in rows])
         table = torch.stack([torch.cat([r, r.new_zeros(int(counts.max()) - len(r))]) for r in rows])
@@ -174,7 +184,9 @@ class CompositeTask(UnpaddedTask):
             fresh = self._draw_keys(latents["key_pos"], split, gen)
             collide = fresh == latents["key"]  # redraw once more, then step to a neighbour
             fresh = torch.where(collide, self._draw_keys(latents["key_pos"], split, gen), fresh)
-            latents["key"] = torch.where(fresh == latents["key"], fresh + self.n_key_positions, fresh)
+            m = self.cfg.modulus  # a neighbour with the same residue, so the key stays in its split
+            neighbour = torch.where(fresh + m <= self.cfg.value_max, fresh + m, fresh - m)
+            latents["key"] = torch.where(fresh == latents["key"], neighbour, fresh)
         elif change in ("anchor1", "anchor2"):
             latents["pair"] = self._other_pair(latents["pair"], slot=0 if change == "anchor1" else 1, gen=gen)
         else:

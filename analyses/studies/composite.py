@@ -28,7 +28,7 @@ from interp.complexity import embedding_spectrum, leading_share, query_condensat
 from interp.patching import logit_diff_metric, patch_residual
 from interp.probes import composite_probe_map
 from interp.report import figure_html, table_html
-from interp.solutions import classify_composite, composite_verdict
+from interp.solutions import classify_composite, composite_verdict, held_out_on_training_keys
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
 from models.runs import LoadedRun, load_run
@@ -130,6 +130,7 @@ def cell_measures(run: LoadedRun, n: int, seed: int = 0) -> dict[str, Any]:
     spectrum = embedding_spectrum(run.model.W_E, values)
     return {
         **{k: v for k, v in verdict.to_dict().items() if k != "attention_flow"},
+        **held_out_on_training_keys(run.model, task, n=n, seed=seed),
         "attention_flow": verdict.attention_flow,
         "query_condensation": query_condensation(run.model, 0).to_dict(),
         "embedding_top1": round(leading_share(spectrum, 1), 4), "embedding_top3": round(leading_share(spectrum, 3), 4),
@@ -225,6 +226,26 @@ def sweep_phase_table(index: dict[str, Any], sweep_dir: Path | None = None, n: i
                  "held_out_symmetric": final["held_out_symmetric"]}
         measured[name] = {**rates, "verdict": classify_composite(*rates.values())}
     return aggregate_phase(points, measured, base["d_model"])
+
+
+def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = EVAL_SAMPLES["cpu"]) -> dict[str, dict[str, Any]]:
+    """Per finished cell of a composite sweep: its grid point, the init std of its gamma at its
+    width, the steps it trained and why it stopped (the stop rule, or the step budget), and the
+    verdict measured on `n` fresh sequences per pair type, test keys and training keys."""
+    rows = {}
+    for name, cell in index["cells"].items():
+        if cell.get("status") != "done":
+            continue
+        run = load_run(sweep_dir / name)
+        verdict = composite_verdict(run.model, run.task, n=n).to_dict()
+        last = run.metrics[-1] if run.metrics else {}
+        gamma, width = run.config.model.init_gamma, run.config.model.d_model
+        rows[name] = {**cell["point"], "init_std": None if gamma is None else round(width ** -gamma, 5),
+                      "steps": last.get("step"), "stopped": last.get("stopped", "budget"),
+                      **{k: verdict[k] for k in ("verdict", "seen_accuracy", "held_out_inferential", "held_out_symmetric",
+                                                 "held_out_by_key_position")},
+                      **held_out_on_training_keys(run.model, run.task, n=n)}
+    return rows
 
 
 def phase_figure(table: dict[str, dict[str, Any]]) -> plt.Figure:
@@ -445,8 +466,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=EVAL_SAMPLES["cpu"],
                         help=f"with --measure: sequences per pair type (default {EVAL_SAMPLES['cpu']:,}, the cpu scale's; "
                              f"gpu {EVAL_SAMPLES['gpu']:,})")
+    parser.add_argument("--cells", action="store_true",
+                        help="one line per finished cell instead of the phase protocol's (gamma, depth) table: its grid "
+                             "point, steps trained, why it stopped, and the verdict on fresh test-key and training-key "
+                             "sequences (--n per pair type)")
     args = parser.parse_args(argv)
     index = json.loads((args.sweep_dir / "sweep.json").read_text())
+    if args.cells:
+        for name, row in sweep_cell_rows(index, args.sweep_dir, args.n).items():
+            print(json.dumps({"cell": name, **row}))
+        return 0
     table = sweep_phase_table(index, args.sweep_dir if args.measure else None, args.n)
     for cell in table.values():
         print(json.dumps(cell))

@@ -186,3 +186,51 @@ def test_init_from_starts_at_another_runs_weights_on_a_harder_task_and_records_w
     assert not (tmp_path / "plain" / "init.json").exists()
     with pytest.raises(Exception, match="model differs from this run's in \\['n_layers'\\]"):
         starting_weights(tiny_lego_run().with_overrides(["model.n_layers=3"]), trainer.model, tmp_path / "easy")
+
+
+def test_the_plateau_rule_waits_for_its_minimum_step_and_for_watched_metrics_to_settle(tmp_path):
+    base = dict(steps=400, plateau_evals=3, eval_every=10, checkpoint_every=50)
+    plain = Trainer(tiny_composite_run(**base), tmp_path / "plain", progress=False).fit().steps
+    assert plain < 400
+    later = Trainer(tiny_composite_run(**base, plateau_min_steps=plain + 50), tmp_path / "min", progress=False).fit()
+    assert later.steps >= plain + 50
+    # watched with a tolerance of 0, held-out rates that move at all keep the run going
+    watched = tiny_composite_run(**base, eval_size=512, plateau_watch=["held_out_symmetric", "held_out_inferential"],
+                                 plateau_watch_tol=0.0)
+    Trainer(watched, tmp_path / "watch", progress=False).fit()
+    records = read_metrics(tmp_path / "watch")
+    last = records[-1]
+    if last.get("stopped"):
+        window = records[-3:]
+        assert all(len({r[k] for r in window}) == 1 for k in ("held_out_symmetric", "held_out_inferential"))
+    moved = [i for i in range(3, len(records) + 1)
+             if len({r["held_out_symmetric"] for r in records[i - 3:i]}) > 1]
+    assert moved, "the tiny run's held-out rates never moved, so this test shows nothing"
+    assert all(not records[i - 1].get("stopped") for i in moved)
+
+
+def test_watching_a_metric_the_task_does_not_record_is_a_config_error(tmp_path):
+    from tasks import ConfigError
+
+    cfg = tiny_composite_run(steps=40, plateau_evals=2, eval_every=10, eval_size=512, plateau_watch=["held_out_typo"])
+    with pytest.raises(ConfigError, match="held_out_typo.*held_out_symmetric"):
+        Trainer(cfg, tmp_path / "r", progress=False).fit()
+
+
+def test_refinements_of_the_stop_rule_need_the_rule():
+    from tasks import ConfigError
+
+    with pytest.raises(ConfigError, match="set train.plateau_evals too"):
+        tiny_composite_run(plateau_min_steps=100)
+
+
+def test_a_bias_free_model_keeps_its_attention_and_mlp_biases_at_zero_through_training(tmp_path):
+    cfg = tiny_composite_run(steps=20).with_overrides(["model.biases=false"])
+    Trainer(cfg, tmp_path / "r", progress=False).fit()
+    run = load_run(tmp_path / "r")
+    biases = {n: p for n, p in run.model.named_parameters() if n.rsplit(".", 1)[-1] in
+              ("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out")}
+    assert len(biases) == 6 * cfg.model.n_layers
+    assert all(torch.count_nonzero(p) == 0 for p in biases.values())
+    assert torch.count_nonzero(run.model.unembed.b_U) > 0  # the unembedding's bias, kept, trains from its zeros
+    assert run.config.model.biases is False
