@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from models.runs import atomic_write_bytes
 from tasks import ConfigError
 
 # tiny: seconds, for smoke tests; cpu: < 30 min on 2 cores; gpu: one GPU, <= 10 min per model (by FLOP count);
@@ -110,7 +111,7 @@ class StudyContext:
             report.add(heading, body)
         results = {"study": self.study, "scale": self.scale, **results,
                    "report": str(report.write(self.out / "report.html"))}
-        (self.out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+        atomic_write_bytes(self.out / "results.json", json.dumps(results, indent=1, default=float).encode())
         return results
 
 

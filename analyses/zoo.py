@@ -24,7 +24,7 @@ import torch
 from models.config import RunConfig
 from models.curriculum import get_curriculum, train_curriculum
 from models.presets import get_preset
-from models.runs import CONFIG, INIT, METRICS, MIMIC, WEIGHTS, read_config
+from models.runs import CONFIG, INIT, METRICS, MIMIC, WEIGHTS, RunFolderError, read_config, verified_weights
 from tasks import ConfigError
 
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
@@ -162,9 +162,14 @@ def build(name: str, zoo_dir: Path = ZOO_DIR, progress: bool = True) -> Path:
 
 
 def status(name: str, zoo_dir: Path = ZOO_DIR) -> str:
-    """`built` (weights of this entry's config), `stale` (another config) or `missing`."""
+    """`built` (weights of this entry's config), `stale` (another config), `damaged` (weights
+    that fail `verified_weights`: their tensors do not hash to their recorded digest) or `missing`."""
     folder = zoo_dir / zoo_entry(name).name
     if not (folder / WEIGHTS).exists():
         return "missing"
+    try:
+        verified_weights(folder)
+    except RunFolderError:
+        return "damaged"
     entry = ZOO[name]
     return "built" if entry.recipe(read_config(folder)) == entry.recipe(entry.config()) else "stale"

@@ -42,7 +42,7 @@ from interp.solutions import (
     templates_verdict,
 )
 from models.planted import parse_planted
-from models.runs import ANALYSIS, LoadedRun, RunFolderError
+from models.runs import ANALYSIS, LoadedRun, RunFolderError, atomic_write_bytes
 from tasks import Batch, Task, seeded_generator
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
@@ -269,9 +269,7 @@ def _percolation_findings(first: list[int | None]) -> list[str]:
 
 def write_analysis(run: LoadedRun, analysis: RunAnalysis) -> Path:
     path = run.path / ANALYSIS
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(analysis.to_dict(), indent=1))
-    tmp.replace(path)
+    atomic_write_bytes(path, json.dumps(analysis.to_dict(), indent=1).encode())
     return path
 
 

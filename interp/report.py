@@ -100,8 +100,8 @@ class Report:
         return "\n".join(parts)
 
     def write(self, path: str | Path) -> Path:
+        from models.runs import atomic_write_bytes
+
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_html(), encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_bytes(path, self.to_html().encode("utf-8"))
         return path

@@ -4,6 +4,7 @@ without pickle (safetensors for tensors, JSON for the rest)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -77,7 +78,7 @@ def writer_pid(run_dir: str | Path) -> str | None:
     warn that they see a run still in training."""
     path = Path(run_dir) / LOCK
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -97,10 +98,15 @@ def _holder(fd: int) -> str:
 def _acquire(path: Path) -> int:
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except FileNotFoundError:  # the empty folder was removed under us (another writer's --out check): again
             path.parent.mkdir(parents=True, exist_ok=True)
             continue
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+            raise RunFolderError(f"{path} is a symbolic link; the workbench never writes through one (it would write "
+                                 f"its pid into whatever the link points to). Remove the link, then try again") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -129,18 +135,53 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary sibling, then rename: a killed process leaves the old file whole."""
+def _fresh_temp(path: Path) -> Path:
+    """The temporary sibling a write goes through, removed first if a crash left one (or anyone
+    put a link there): unlinking a name never touches what a link points to."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    return tmp
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a new temporary sibling, then rename it over `path`: a killed process leaves the
+    old file whole, and nothing is written through a symbolic link (the temporary file is created
+    with O_EXCL | O_NOFOLLOW; a rename replaces a link at `path` itself, not its target)."""
+    tmp = _fresh_temp(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line to a file of the run's own (metrics.jsonl), never through a link."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise RunFolderError(f"{path} is a symbolic link; the workbench never writes through one. Remove it") from None
+        raise
+    with os.fdopen(fd, "a") as f:
+        f.write(line + "\n")
 
 
 def save_tensors(path: Path, tensors: dict[str, Tensor], meta: dict[str, str] | None = None) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=meta)
-    os.chmod(tmp, 0o644)  # like the folder's other files (safetensors creates 0600)
-    os.replace(tmp, path)
+    tmp = _fresh_temp(path)
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=meta)
+        os.chmod(tmp, 0o644)  # like the folder's other files (safetensors creates 0600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def weights_digest(tensors: dict[str, Tensor]) -> str:
@@ -272,17 +313,91 @@ def same_recipe(a: RunConfig, b: RunConfig) -> bool:
     return canonical(a) == canonical(b)
 
 
-def run_state(run_dir: Path, cfg: RunConfig) -> str:
-    """Where a run folder stands for `cfg`: `done` (weights, and metrics up to the last step or
-    to a stop rule's stop),
-    `diverged` (its last record says so), `partial` (a checkpoint to resume from) or `new`."""
+class WeightsMismatch(RunFolderError):
+    """The weights file is not the train state's: missing, damaged (its tensors do not hash to
+    the digest in its header) or stale (the weights of an earlier step: a kill between the
+    checkpoint's two writes). A writer repairs it from the train state (`repair_weights`); a
+    reader refuses it."""
+
+
+@dataclass(frozen=True)
+class WeightsStamp:
+    """Which weights a folder holds, as verified: the step they were saved at and the sha256 of
+    their tensors, computed from the bytes (not read from a header)."""
+
+    step: int
+    digest: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "digest": self.digest}
+
+
+def verified_weights(run_dir: str | Path) -> tuple[dict[str, Tensor], WeightsStamp]:
+    """The folder's weights and their stamp, checked: the tensors must hash to the digest their
+    header records and, where the folder has a train state, to the train state's digest (the
+    truth for a run in training or resumed). WeightsMismatch (exit 2) naming the file otherwise:
+    missing, damaged or stale. The one check every reader of weights goes through."""
+    run_dir = Path(run_dir)
+    path, state = run_dir / WEIGHTS, run_dir / TRAIN_STATE
+    has_state = state.exists() or state.is_symlink()
+    try:
+        tensors, meta = read_tensors(path)
+    except RunFolderError as err:
+        raise (WeightsMismatch(str(err)) if has_state else err) from None
+    digest = weights_digest(tensors)
+    step = meta.get("step", "")
+    if meta.get("digest") != digest or not step.isdigit():
+        problem = ("carries no weights digest in its header, so its tensors cannot be verified"
+                   if "digest" not in meta else "is damaged: its tensors do not hash to the digest in its header")
+        raise (WeightsMismatch if has_state else RunFolderError)(f"{path} {problem}")
+    if has_state:
+        _, state_meta = read_train_state(state)
+        if state_meta["digest"] != digest:
+            raise WeightsMismatch(f"{path} holds the weights of step {step}, not those of the train state's step "
+                                  f"{state_meta['step']} ({TRAIN_STATE}): it is stale")
+    return tensors, WeightsStamp(int(step), digest)
+
+
+def repair_weights(run_dir: str | Path) -> WeightsStamp:
+    """Rewrite the weights file from the train state, with a warning. Call it holding the
+    folder's lock; RunFolderError when the train state itself is damaged."""
+    run_dir = Path(run_dir)
+    tensors, meta = read_train_state(run_dir / TRAIN_STATE)
+    weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    save_tensors(run_dir / WEIGHTS, weights, {"step": str(meta["step"]), "digest": meta["digest"]})
+    return WeightsStamp(meta["step"], meta["digest"])
+
+
+def run_state(run_dir: Path, cfg: RunConfig, repair: bool = True) -> str:
+    """Where a run folder stands for `cfg`: `done`, `diverged` (its last record says so),
+    `partial` (a checkpoint to resume from) or `new`.
+
+    `done` means the metrics reach the last step (or a stop rule's stop), the train state, where
+    there is one, is at that step, and the weights pass `verified_weights`. Weights that are
+    missing, damaged or stale beside a finished train state are rewritten from it (`repair`,
+    with a warning, under the folder's lock) or, with `repair=False`, raise WeightsMismatch. A
+    train state behind the metrics (a kill after an evaluation was recorded, before its
+    checkpoint) is `partial`: resuming drops the records after it."""
+    run_dir = Path(run_dir)
     metrics = read_metrics(run_dir)
     if metrics and metrics[-1].get("diverged"):
         return "diverged"
-    if (Path(run_dir) / WEIGHTS).exists() and metrics and (
-            metrics[-1].get("step") == cfg.train.steps or metrics[-1].get("stopped")):
+    has_state = (run_dir / TRAIN_STATE).exists()
+    last = metrics[-1] if metrics else {}
+    finished = bool(last) and (last.get("step") == cfg.train.steps or bool(last.get("stopped")))
+    if has_state and finished and read_train_state(run_dir / TRAIN_STATE)[1]["step"] != last["step"]:
+        return "partial"
+    if finished and (has_state or (run_dir / WEIGHTS).exists()):
+        try:
+            verified_weights(run_dir)
+        except WeightsMismatch as err:
+            if not repair:
+                raise
+            with run_lock(run_dir):
+                warnings.warn(f"{err}; rewritten from {run_dir / TRAIN_STATE}", stacklevel=2)
+                repair_weights(run_dir)
         return "done"
-    return "partial" if (Path(run_dir) / TRAIN_STATE).exists() else "new"
+    return "partial" if has_state else "new"
 
 
 def out_of_memory(err: BaseException) -> bool:
@@ -306,6 +421,7 @@ class LoadedRun:
     task: Task
     model: Any  # HookedTransformer; typed loosely so tasks-only users need not import it
     metrics: list[dict[str, Any]]
+    weights: WeightsStamp | None = None  # the step and digest of the weights loaded (verified)
 
 
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
@@ -329,9 +445,13 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
         raise RunFolderError(f"{run_dir / CONFIG}: its model does not fit in memory ({str(err).splitlines()[0][:200]}); "
                              f"its sizes: {model_sizes(cfg)}. Was config.json edited? Its model section must be "
                              f"the one model.safetensors was trained with") from None
-    load_weights(model, read_tensors(run_dir / WEIGHTS)[0])
+    try:
+        tensors, stamp = verified_weights(run_dir)
+    except WeightsMismatch as err:
+        raise WeightsMismatch(f"{err}. `workbench train --out {run_dir} --resume` rewrites it from the train state") from None
+    load_weights(model, tensors)
     model.eval()
-    return LoadedRun(run_dir, cfg, task, model, read_metrics(run_dir))
+    return LoadedRun(run_dir, cfg, task, model, read_metrics(run_dir), stamp)
 
 
 def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str | Path = "the weights file") -> None:

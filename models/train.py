@@ -36,16 +36,19 @@ from models.runs import (
     WEIGHTS,
     LoadedRun,
     RunFolderError,
+    WeightsMismatch,
+    append_line,
+    atomic_write_bytes,
     load_run,
     load_weights,
     read_config,
     read_metrics,
-    read_tensors,
     read_train_state,
     run_lock,
     run_state,
     same_recipe,
     save_tensors,
+    verified_weights,
     weights_digest,
     write_config,
 )
@@ -182,15 +185,16 @@ def starting_weights(cfg: RunConfig, model: torch.nn.Module, source: Path) -> tu
         differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
         raise RunFolderError(f"train.init_from={source}: its model differs from this run's in {differ} "
                              f"({', '.join(f'{k}: {theirs.get(k)!r} vs {ours.get(k)!r}' for k in differ)})")
-    tensors, _ = read_tensors(source / WEIGHTS)
+    if run_state(source, source_cfg, repair=False) != "done":
+        raise RunFolderError(f"train.init_from={source}: that run has not finished; train it first")
+    tensors, stamp = verified_weights(source)
     shapes = {name: tuple(p.shape) for name, p in unique_parameters(model).items()}
     wrong = {name: (tuple(tensors[name].shape), shape) for name, shape in shapes.items()
              if name in tensors and tuple(tensors[name].shape) != shape}
     if wrong or set(shapes) - set(tensors):
         raise RunFolderError(f"train.init_from={source}: its weights do not fit this run's task (another vocabulary "
                              f"or sequence length?): {wrong or sorted(set(shapes) - set(tensors))}")
-    done = [r["step"] for r in read_metrics(source) if "step" in r and "train_loss" in r]
-    record = {"from": str(source), "step": done[-1] if done else 0, "weights_digest": weights_digest(tensors)}
+    record = {"from": str(source), "step": stamp.step, "weights_digest": stamp.digest}
     return tensors, record
 
 
@@ -292,11 +296,11 @@ class Trainer:
         pre-training if the config asks for it."""
         if self.cfg.train.init_from is not None and self.init is None:  # a resume of a run that crashed before
             self.init = starting_weights(self.cfg, self.model, Path(self.cfg.train.init_from))  # its first checkpoint
-        (self.run_dir / METRICS).write_text("")
+        atomic_write_bytes(self.run_dir / METRICS, b"")
         if self.init is not None:
             tensors, record = self.init
             load_weights(self.model, {name: t.to(self.device) for name, t in tensors.items()})
-            (self.run_dir / INIT).write_text(json.dumps(record, indent=1))
+            atomic_write_bytes(self.run_dir / INIT, json.dumps(record, indent=1).encode())
         if self.cfg.train.mimic_steps:
             self._mimic()
 
@@ -307,8 +311,8 @@ class Trainer:
 
         gen = seeded_generator(self.cfg.train.seed + 3_000_003)
         losses = mimic_attention(self.model, self.task, self.cfg.train.mimic_steps, gen, progress=self.progress)
-        (self.run_dir / MIMIC).write_text(json.dumps({"steps": len(losses), "loss": losses[:: max(1, len(losses) // 100)],
-                                                     "final_loss": losses[-1]}))
+        atomic_write_bytes(self.run_dir / MIMIC, json.dumps({"steps": len(losses), "final_loss": losses[-1],
+                                                            "loss": losses[:: max(1, len(losses) // 100)]}).encode())
 
     def _next_batch(self) -> Batch:
         size = self.cfg.train.batch_size
@@ -401,8 +405,7 @@ class Trainer:
         return all(_settled([r.get(name) for r in records[-n:]], train.plateau_watch_tol) for name in train.plateau_watch)
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.run_dir / METRICS, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.run_dir / METRICS, json.dumps(record))
 
     def _checkpoint(self) -> None:
         """Weights, optimizer moments and RNG states in one file, replaced atomically; then the
@@ -447,21 +450,16 @@ class Trainer:
         self.loss_count = meta["loss_count"]
         self._restore_weights_file(weights, meta)
         kept = [r for r in read_metrics(self.run_dir) if r["step"] <= self.step and not r.get("diverged")]
-        (self.run_dir / METRICS).write_text("".join(json.dumps(r) + "\n" for r in kept))
+        atomic_write_bytes(self.run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
     def _restore_weights_file(self, weights: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        stamp = {"step": str(meta["step"]), "digest": meta["digest"]}
-        path = self.run_dir / WEIGHTS
+        """The weights file must be the train state's, by the hash of its tensors: one that is
+        missing, damaged (flipped bytes under an intact header) or stale is rewritten."""
         try:
-            stored, stored_meta = read_tensors(path)
-            if stored_meta.get("digest") == stamp["digest"] or (
-                "digest" not in stored_meta and weights_digest(stored) == stamp["digest"]):
-                return
-            problem = f"holds the weights of step {stored_meta.get('step', '?')}, not the checkpoint's step {meta['step']}"
-        except RunFolderError as err:
-            problem = str(err)
-        warnings.warn(f"{path}: {problem}; rewritten from {TRAIN_STATE}", stacklevel=2)
-        save_tensors(path, weights, stamp)
+            verified_weights(self.run_dir)
+        except WeightsMismatch as err:
+            warnings.warn(f"{err}; rewritten from {TRAIN_STATE}", stacklevel=2)
+            save_tensors(self.run_dir / WEIGHTS, weights, {"step": str(meta["step"]), "digest": meta["digest"]})
 
     def _load_optimizer_state(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
         """AdamW's moments from the train state, checked against the model's parameters (a

@@ -140,7 +140,7 @@ def test_a_kill_between_the_two_checkpoint_files_resumes_to_the_uninterrupted_we
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with pytest.warns(UserWarning, match="holds the weights of step 20, not the checkpoint's step 40"):
+        with pytest.warns(UserWarning, match="holds the weights of step 20, not those of the train state's step 40"):
             assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
     finally:
         torch.set_num_threads(threads)
