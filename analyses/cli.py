@@ -1,21 +1,28 @@
-"""The `workbench` command line. Exit status: 0 done, 2 bad configuration or arguments (nothing
-written), 3 training diverged (recorded in the run's metrics.jsonl)."""
+"""The `workbench` command line. Exit status: 0 done, 1 an unexpected error (the message names
+the command and where its traceback was saved; `--debug` prints it), 2 bad configuration,
+arguments or run folder (nothing written), 3 training diverged (recorded in the run's
+metrics.jsonl), 4 could not write (disk full, permission denied: the message names the file)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
+import os
 import sys
+import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from tasks import ConfigError
 
-EXIT_CONFIG, EXIT_DIVERGED = 2, 3
+EXIT_UNEXPECTED, EXIT_CONFIG, EXIT_DIVERGED, EXIT_WRITE = 1, 2, 3, 4
 DEFAULT_PRESET = {"lego": "lego-cpu", "composite": "composite-cpu", "templates": "templates-cpu"}
 _DESCRIPTION = ("Train small transformers on synthetic reasoning tasks and look inside them. "
-                "Exit status: 0 done, 2 bad configuration (nothing written), 3 training diverged.")
+                "Exit status: 0 done, 1 unexpected error (traceback saved; --debug prints it), 2 bad configuration "
+                "(nothing written), 3 training diverged, 4 could not write (disk full, permission denied).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,14 +32,72 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_CONFIG
     try:
+        _check_out_link(args)
         return args.run(args)
     except ConfigError as err:
         print(f"workbench: configuration error: {err}", file=sys.stderr)
         return EXIT_CONFIG
+    except KeyboardInterrupt:
+        print(f"workbench {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 (the top level: every failure gets a documented status and a message)
+        if args.debug:
+            traceback.print_exc()
+        if _is_write_failure(err):
+            where = getattr(err, "filename", None) or "a file of the run"
+            print(f"workbench {args.command}: could not write {where}: {getattr(err, 'strerror', None) or err}. "
+                  f"Free some space or fix the permissions, then run the command again (a training run continues "
+                  f"from its last checkpoint with --resume)", file=sys.stderr)
+            return EXIT_WRITE
+        log = "" if args.debug else f" Its traceback is in {_save_traceback(args)}; please report it."
+        print(f"workbench {args.command}: unexpected error ({type(err).__name__}: {err}).{log}", file=sys.stderr)
+        return EXIT_UNEXPECTED
+
+
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def _is_write_failure(err: BaseException) -> bool:
+    """Disk full, over quota, permission denied or a read-only file system; safetensors reports
+    those as its own SafetensorError, with the OS message inside."""
+    if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:
+        return True
+    text = str(err)
+    return type(err).__name__ == "SafetensorError" and any(os.strerror(code) in text for code in WRITE_ERRNOS)
+
+
+def _save_traceback(args: argparse.Namespace) -> str:
+    """The traceback of the error being handled, in a log file: in the command's folder where it
+    names one that exists, else in the temporary folder."""
+    folder = next((p for p in (getattr(args, "out", None), getattr(args, "run_dir", None))
+                   if isinstance(p, Path) and p.is_dir() and not p.is_symlink()), None)
+    text = f"workbench {' '.join(sys.argv[1:])}\n{traceback.format_exc()}"
+    try:
+        if folder is not None:
+            from models.runs import ERROR_LOG, atomic_write_bytes
+
+            path = folder / ERROR_LOG
+            atomic_write_bytes(path, text.encode())
+            return str(path)
+    except OSError:
+        pass
+    fd, name = tempfile.mkstemp(prefix="workbench-error-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return name
+
+
+def _check_out_link(args: argparse.Namespace) -> None:
+    """An --out that is a symbolic link to nothing would create the link's far-away target."""
+    out = getattr(args, "out", None)
+    if isinstance(out, Path) and out.is_symlink() and not out.exists():
+        raise ConfigError(f"--out {out} is a symbolic link to {os.readlink(out)}, which does not exist; the workbench "
+                          f"does not create a link's target. Name a real folder")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=_DESCRIPTION)
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     train = sub.add_parser("train", help="train one model into a run folder", description=_TRAIN_HELP,
@@ -325,9 +390,12 @@ def _is_demo_run(out: Path) -> bool:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from interp.run_report import write_run_report
-    from models.runs import load_run
+    from models.runs import load_run, run_lock
 
-    path = write_run_report(load_run(args.run_dir))
+    if not args.run_dir.is_dir():
+        raise ConfigError(f"{args.run_dir} is not a run folder; train one first (workbench train --out {args.run_dir})")
+    with run_lock(args.run_dir):  # a folder in training is refused, naming the trainer
+        path = write_run_report(load_run(args.run_dir))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return 0
 
@@ -335,16 +403,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from interp.analysis import analyze_run, task_analysis, write_analysis
     from interp.run_report import write_run_report
-    from models.runs import load_run
+    from models.runs import load_run, run_lock
     from models.train import resolve_device
 
     if not (args.run_dir / "model.safetensors").exists():
         raise ConfigError(f"{args.run_dir} holds no trained model (model.safetensors); train it first")
     device = resolve_device(args.device, setting="analyze --device")
-    run = load_run(args.run_dir, device=device)
-    analysis = analyze_run(run, n_samples=args.samples, seed=args.seed, device=device)
-    json_path = write_analysis(run, analysis)
-    report_path = write_run_report(run, analysis=analysis)
+    with run_lock(args.run_dir):  # a folder in training is refused, naming the trainer; nothing it writes is overwritten
+        run = load_run(args.run_dir, device=device)
+        analysis = analyze_run(run, n_samples=args.samples, seed=args.seed, device=device)
+        json_path = write_analysis(run, analysis)
+        report_path = write_run_report(run, analysis=analysis)
     print(task_analysis(analysis.task).headline(analysis.verdict))
     print(f"wrote {json_path} and {report_path} in {analysis.seconds:.0f} s on {device.type}")
     return 0
@@ -395,14 +464,17 @@ Exit status 1 when some cell failed (re-run to retry). Example:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from analyses.sweep import parse_grid, run_sweep
     from models.presets import get_preset
+    from models.runs import run_lock
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers {args.workers} must be >= 1")
     if args.address and args.backend != "ray":
         raise ConfigError("--address needs --backend ray")
     base = get_preset(args.preset).with_overrides(args.overrides)
-    index = run_sweep(base, parse_grid(args.grid), args.out, preset=args.preset, workers=args.workers,
-                      backend=args.backend, address=args.address, progress=not args.no_progress)
+    grid = parse_grid(args.grid)
+    with run_lock(args.out):  # one sweep per folder: a second one exits 2 at once, naming the first, and changes nothing
+        index = run_sweep(base, grid, args.out, preset=args.preset, workers=args.workers,
+                          backend=args.backend, address=args.address, progress=not args.no_progress)
     print(f"sweep of {len(index['cells'])} cells: {json.dumps(index['counts'])} in {index['wall_seconds']:.0f} s; "
           f"see {args.out / 'sweep.json'} and {args.out / 'report.html'}")
     return 1 if index["counts"].get("failed") else 0

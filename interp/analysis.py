@@ -42,7 +42,7 @@ from interp.solutions import (
     templates_verdict,
 )
 from models.planted import parse_planted
-from models.runs import ANALYSIS, LoadedRun, RunFolderError, atomic_write_bytes
+from models.runs import ANALYSIS, LoadedRun, RunFolderError, atomic_write_bytes, read_json
 from tasks import Batch, Task, seeded_generator
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
@@ -98,11 +98,13 @@ class RunAnalysis:
     probes: Probes | None  # None where the task has no probes
     verdict: Verdict  # the task's, with what the circuit graph adds
     seconds: float
+    weights: dict[str, Any] | None = None  # the step and sha256 of the weights analysed (models.runs.WeightsStamp)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run, "task": self.task, "heads": {**self.heads.to_dict(), "planted": dict(self.planted)},
-                "patching": self.patching.to_dict(), "probes": None if self.probes is None else self.probes.to_dict(),
-                "verdict": self.verdict.to_dict(), "seconds": self.seconds}
+        written = {"run": self.run, "task": self.task, "heads": {**self.heads.to_dict(), "planted": dict(self.planted)},
+                   "patching": self.patching.to_dict(), "probes": None if self.probes is None else self.probes.to_dict(),
+                   "verdict": self.verdict.to_dict(), "seconds": self.seconds}
+        return written if self.weights is None else {**written, "weights": dict(self.weights)}
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ def analyze_run(
     if steps.circuit_findings is not None:
         verdict = steps.circuit_findings(verdict, patching.circuit, _head_labels(heads), _planted_names(planted, heads))
     return RunAnalysis(str(run.path), run.config.task.name, heads, planted, patching, probes, verdict,
-                       round(time.perf_counter() - started, 2))
+                       round(time.perf_counter() - started, 2), None if run.weights is None else run.weights.to_dict())
 
 
 def _lego_findings(run: LoadedRun, seed: int) -> tuple[ProbeMap, LegoVerdict]:
@@ -280,9 +282,9 @@ def read_analysis(run_dir: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunFolderError(f"{path} is not JSON ({err}); run `workbench analyze {run_dir}` again") from None
+        data = read_json(path)
+    except RunFolderError as err:
+        raise RunFolderError(f"{err}; run `workbench analyze {run_dir}` again") from None
     problem = _analysis_problem(data)
     if problem:
         raise RunFolderError(f"{path} {problem}; run `workbench analyze {run_dir}` again")

@@ -20,7 +20,7 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, ana
     report = Report(f"interp-workbench run: {run.path.name}")
     stored = analysis is None  # read from the folder's analysis.json, which may be hand-edited or damaged
     written = analysis.to_dict() if analysis is not None else read_analysis(run.path)
-    report.add("Summary", _summary_html(run))
+    report.add("Summary", _summary_html(run) + _analysed_weights_html(run, written))
     if written:
         try:
             analysis_sections(report, written)
@@ -33,6 +33,19 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, ana
     report.add("Training curves", _curves_html(run))
     report.add("Attention patterns", _attention_html(report, run, n_examples, seed))
     return report
+
+
+def _analysed_weights_html(run: LoadedRun, written: dict | None) -> str:
+    """Which weights the analysis below read, and a warning where they are not the ones loaded
+    now (an analysis of an earlier checkpoint, or of other weights)."""
+    analysed = (written or {}).get("weights")
+    if not isinstance(analysed, dict):
+        return "" if not written else "<p>The analysis below does not record which weights it read (an older analysis.json).</p>"
+    line = f"The analysis below read the weights of step {html.escape(str(analysed.get('step')))}"
+    if run.weights is not None and analysed.get("digest") != run.weights.digest:
+        return (f"<p><strong>{line}, not the weights in this folder now (step {run.weights.step}): its numbers may "
+                f"not describe them. Run <code>workbench analyze {html.escape(str(run.path))}</code> again.</strong></p>")
+    return f"<p>{line} (sha256 {html.escape(str(analysed.get('digest', ''))[:12])}...).</p>"
 
 
 def write_run_report(run: LoadedRun, path: str | Path | None = None, **kwargs) -> Path:

@@ -20,6 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 POSITIONALS = ("standard", "rotary")
 NORM_POSITIONS = ("pre", "post")
+MAX_SEED = 2**62  # room for the trainer's seed offsets (seed + 3_000_003) within a 64-bit generator seed
 
 
 @dataclass
@@ -208,6 +209,9 @@ class TrainConfig:
             raise ConfigError(f"train.n_train={self.n_train} is smaller than batch_size={self.batch_size}")
         if self.device not in DEVICES:
             raise ConfigError(f"train.device={self.device!r} is unknown; use one of {DEVICES}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"train.seed={self.seed} is outside 0..{MAX_SEED} (the data and evaluation seeds are "
+                              f"offsets of it, and torch's generators take 64-bit seeds)")
 
 
 @dataclass

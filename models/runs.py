@@ -32,7 +32,8 @@ INIT = "init.json"  # where the starting weights came from, when `train.init_fro
 ANALYSIS, REPORT = "analysis.json", "report.html"
 LOCK = ".workbench.lock"  # present while a process writes the folder (holds its pid)
 DEMO = "demo.json"  # written by `workbench demo`: the config of its run, which marks the folder as the demo's
-RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK, DEMO}  # what a run folder may hold
+ERROR_LOG = "workbench-error.log"  # the traceback of a command's unexpected error (analyses/cli.py)
+RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK, DEMO, ERROR_LOG}  # what a run folder may hold
 PACKAGES = ("interp-workbench", "torch", "transformer-lens", "circuitsvis", "numpy")
 
 
@@ -255,6 +256,54 @@ def read_train_state(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     return tensors, meta
 
 
+MAX_JSON_DEPTH = 64  # nesting no file of the workbench comes near; deeper is damage, not data
+
+
+def read_json(path: Path, text: str | None = None) -> Any:
+    """A JSON file of the run folder, read strictly: RunFolderError naming the file when it is
+    unreadable or not JSON, when an object repeats a key (`"steps"` twice: which one was
+    meant?), or when it nests deeper than MAX_JSON_DEPTH. `text`: its content, already read."""
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise RunFolderError(f"{path} repeats the key {key!r} in one object; which value is meant is "
+                                     f"ambiguous, so it is refused. Keep one {key!r}")
+            seen[key] = value
+        return seen
+
+    try:
+        text = path.read_text() if text is None else text
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunFolderError(f"{path} is unreadable ({err})") from None
+    if _nesting(text) > MAX_JSON_DEPTH:
+        raise RunFolderError(f"{path} nests deeper than {MAX_JSON_DEPTH} levels; it is damaged or not the workbench's")
+    try:
+        return json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as err:
+        raise RunFolderError(f"{path} is not JSON ({err})") from None
+
+
+def _nesting(text: str) -> int:
+    """The deepest bracket nesting of a JSON text, counted outside strings (no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            escaped, in_string = (not escaped and char == "\\"), in_string and (escaped or char != '"')
+            continue
+        if char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 def write_config(run_dir: Path, cfg: RunConfig) -> None:
     payload = {**cfg.to_dict(), "versions": package_versions()}
     atomic_write_bytes(run_dir / CONFIG, json.dumps(payload, indent=2).encode())
@@ -263,11 +312,9 @@ def write_config(run_dir: Path, cfg: RunConfig) -> None:
 def read_config(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / CONFIG
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
     except FileNotFoundError:
         raise RunFolderError(f"{path} does not exist; {run_dir} holds no run") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunFolderError(f"{path} is unreadable ({err})") from None
     if not isinstance(data, dict):
         raise RunFolderError(f"{path} is not a JSON object")
     data.pop("versions", None)
@@ -289,10 +336,10 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     records = []
     for index, (number, line) in enumerate(lines):
         try:
-            record = json.loads(line)
+            record = read_json(path, line)
             if not isinstance(record, dict) or not isinstance(record.get("step"), int):
                 raise ValueError("not a record with an integer step")
-        except ValueError as err:
+        except (ValueError, RunFolderError) as err:
             if index == len(lines) - 1:
                 warnings.warn(f"{path}: dropped its damaged last line {number} ({err})", stacklevel=2)
                 break
@@ -429,7 +476,7 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     from models.factory import build_model
 
     run_dir = Path(run_dir)
-    holder = writer_pid(run_dir)
+    holder = None if run_dir.resolve() in _HELD else writer_pid(run_dir)  # this process's own lock: no warning
     if holder is not None:
         warnings.warn(f"{run_dir} is being trained by pid {holder}; loading its last checkpoint, not its final weights",
                       stacklevel=2)

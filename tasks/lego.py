@@ -116,8 +116,9 @@ class LegoConfig:
             raise ConfigError(f"task.n_letters={self.n_letters} is outside n_vars={self.n_vars}..{len(VARIABLES)}")
         if self.supervision not in SUPERVISION_MODES:
             raise ConfigError(f"task.supervision={self.supervision!r} is unknown; use one of {SUPERVISION_MODES}")
-        if self.supervision != "all" and not 1 <= self.n_supervised <= self.n_vars:
-            raise ConfigError(f"task.n_supervised={self.n_supervised} is outside 1..n_vars={self.n_vars}")
+        if not 1 <= self.n_supervised <= self.n_vars:
+            ignored = " (supervision='all' ignores it: leave it at its default)" if self.supervision == "all" else ""
+            raise ConfigError(f"task.n_supervised={self.n_supervised} is outside 1..n_vars={self.n_vars}{ignored}")
         if self.min_vars is not None and not 1 <= self.min_vars <= self.n_vars:
             raise ConfigError(f"task.min_vars={self.min_vars} is outside 1..n_vars={self.n_vars}")
         if not 0.0 <= self.biased_fraction <= 1.0:
