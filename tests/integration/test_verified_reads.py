@@ -162,7 +162,7 @@ def test_the_analysis_records_the_weights_it_read_and_the_report_says_when_they_
     assert main(["analyze", str(trained), "--samples", "32"]) == 0
     recorded = json.loads((trained / ANALYSIS).read_text())["weights"]
     assert recorded == load_run(trained).weights.to_dict() and recorded["step"] == 16
-    assert f"read the weights of step 16" in (trained / REPORT).read_text()
+    assert "read the weights of step 16" in (trained / REPORT).read_text()
     stale = {**recorded, "step": 8, "digest": "0" * 64}
     written = json.loads((trained / ANALYSIS).read_text())
     (trained / ANALYSIS).write_text(json.dumps({**written, "weights": stale}))
