@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 (the top level: every failure gets a documented status and a message)
         if args.debug:
             traceback.print_exc()
+        if isinstance(err, OSError) and err.errno in (errno.EISDIR, errno.ENOTDIR):
+            print(f"workbench {args.command}: configuration error: {err.filename2 or err.filename} is a folder where a file belongs "
+                  f"(or the other way round); move it away", file=sys.stderr)
+            return EXIT_CONFIG
         if _is_write_failure(err):
             where = getattr(err, "filename", None) or "a file of the run"
             print(f"workbench {args.command}: could not write {where}: {getattr(err, 'strerror', None) or err}. "
@@ -477,6 +481,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                           backend=args.backend, address=args.address, progress=not args.no_progress)
     print(f"sweep of {len(index['cells'])} cells: {json.dumps(index['counts'])} in {index['wall_seconds']:.0f} s; "
           f"see {args.out / 'sweep.json'} and {args.out / 'report.html'}")
+    for name, cell in index["cells"].items():
+        if cell.get("status") == "failed":
+            print(f"workbench sweep: cell {name} failed: {((cell.get('error') or '').strip().splitlines() or [''])[-1]}",
+                  file=sys.stderr)
     return 1 if index["counts"].get("failed") else 0
 
 

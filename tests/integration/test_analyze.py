@@ -191,7 +191,8 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     """`analyze_run` hands back the objects that measured (head scores, patch results, the
     circuit, the probe map, the task's verdict), not JSON dicts. Written, it has the key tree of
     an analysis.json made by the dict-based code (9f7496e, tests/data/) of the same tiny run, but
-    the composite verdict's new per-key-position rates; and such an older file still renders."""
+    the composite verdict's new per-key-position rates and the analysed weights' step and digest;
+    and such an older file still renders."""
     from interp.analysis import analyze_run, read_analysis, write_analysis
     from interp.attention import HeadScores
     from interp.circuit import Circuit
@@ -217,6 +218,7 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     before = json.loads((Path(__file__).parents[1] / "data" / f"analysis-9f7496e-{task}.json").read_text())
     if task == "composite":
         assert set(written["verdict"].pop("held_out_by_key_position")) == {"inferential", "symmetric"}
+    assert written.pop("weights") == run.weights.to_dict()  # added since: which weights were analysed
     assert _key_tree(written) == _key_tree(before)
     write_analysis(run, analysis)
     assert read_analysis(out) == json.loads(json.dumps(analysis.to_dict()))  # what was written comes back

@@ -104,6 +104,6 @@ def test_damaged_cell_folders_are_recorded_as_failed_naming_the_file(tmp_path):
     weights = _weights_mtimes(out)
     assert main(args) == 1
     cells = json.loads((out / "sweep.json").read_text())["cells"]
-    assert cells["seed=1"]["status"] == "failed" and "seed=1/config.json is unreadable" in cells["seed=1"]["error"]
+    assert cells["seed=1"]["status"] == "failed" and "seed=1/config.json is not JSON" in cells["seed=1"]["error"]
     assert cells["seed=0"]["status"] == "failed" and "seed=0/metrics.jsonl: line 1 is damaged" in cells["seed=0"]["error"]
     assert _weights_mtimes(out) == weights  # nothing retrained over the damaged folders
