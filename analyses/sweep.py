@@ -19,6 +19,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import socket
 import sys
 import time
 import traceback
@@ -186,6 +187,30 @@ def _call_with_threads(cell_fn: CellFn, threads: int, name: str, cfg_dict: dict[
         torch.set_num_threads(before)
 
 
+def check_ray_address(address: str) -> None:
+    """Refuse, at once and naming it, a cluster address that cannot work: not HOST:PORT or
+    ray://HOST:PORT, a ray:// address without Ray's client installed, or one where nothing
+    answers (Ray itself retries such an address for minutes). `auto` is left to Ray."""
+    if address == "auto":
+        return
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"--address {address!r} is not HOST:PORT (a head started with `ray start --head`, port 6379 "
+                          f"by default) or ray://HOST:PORT (Ray's client server, port 10001)")
+    if address.startswith("ray://"):
+        try:
+            import grpc  # noqa: F401 (Ray's client speaks gRPC)
+        except ImportError:
+            raise ConfigError(f"--address {address} needs Ray's client: pip install 'ray[client]' (the "
+                              f"interp-workbench[ray] extra carries it)") from None
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise ConfigError(f"--address {address}: nothing answers at {host}:{port} ({err.strerror or err}); start a "
+                          f"cluster with `ray start --head` and pass the address it prints") from None
+
+
 def _run_ray(jobs: dict[str, tuple[dict, str]], workers: int, address: str | None,
              record: Callable[[CellResult], None]) -> None:
     """Each cell a Ray task with one CPU, and a share of a GPU where the cluster has GPUs
@@ -198,6 +223,8 @@ def _run_ray(jobs: dict[str, tuple[dict, str]], workers: int, address: str | Non
     except ImportError:
         raise ConfigError("--backend ray needs Ray: pip install 'interp-workbench[ray]'") from None
     started_here = not ray.is_initialized()
+    if started_here and address:
+        check_ray_address(address)
     if started_here:
         options = {"address": address} if address else {"num_cpus": workers, "include_dashboard": False}
         ray.init(**options, log_to_driver=False, configure_logging=False,

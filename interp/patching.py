@@ -186,7 +186,9 @@ def _mean_metric(metric: Metric, logits: Tensor) -> Tensor:
     values = metric(logits)
     if values.shape != (logits.shape[0],):
         raise ValueError(f"the metric returned shape {tuple(values.shape)}; it must return one value per pair, "
-                         f"shape ({logits.shape[0]},) (patching averages it; do not reduce inside the metric)")
+                         f"shape ({logits.shape[0]},) (patching averages it; do not reduce inside the metric). A "
+                         f"TransformerLens-style metric that returns one number: wrap it, "
+                         f"interp.outside.scalar_metric(fn) (docs/outside-models.md)")
     return values.mean()
 
 

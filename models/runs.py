@@ -253,7 +253,17 @@ def read_train_state(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     if weights_digest(weights) != meta["digest"]:
         raise RunFolderError(f"{path}: its weights do not match the digest stored with them (meta.digest); the train "
                              f"state is corrupt and resuming it would continue from wrong weights")
+    meta["state_digest"] = raw.get("state_digest")  # over every tensor; in train states written since 2026-11-26
     return tensors, meta
+
+
+def check_state_digest(path: Path, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+    """RunFolderError unless every tensor of a train state (optimizer moments and random
+    generators too, not only the weights) hashes to its meta.state_digest, where it has one.
+    Resume calls it after its checks by field, whose messages say more."""
+    if meta.get("state_digest") is not None and weights_digest(tensors) != meta["state_digest"]:
+        raise RunFolderError(f"{path}: its tensors (optimizer moments, random generators) do not match the digest "
+                             f"stored with them (meta.state_digest); the train state is corrupt")
 
 
 MAX_JSON_DEPTH = 64  # nesting no file of the workbench comes near; deeper is damage, not data

@@ -39,6 +39,7 @@ from models.runs import (
     WeightsMismatch,
     append_line,
     atomic_write_bytes,
+    check_state_digest,
     load_run,
     load_weights,
     read_config,
@@ -418,7 +419,8 @@ class Trainer:
             tensors.update({f"optim.{index}.{k}": torch.as_tensor(v) for k, v in state.items()})
         tensors["rng.data"], tensors["rng.depth"] = self.data_gen.get_state(), self.depth_gen.get_state()
         stamp = {"step": str(self.step), "digest": weights_digest(weights)}
-        meta = {**stamp, "elapsed": repr(self.elapsed), "loss_sum": repr(self.loss_sum.item()), "loss_count": str(self.loss_count)}
+        meta = {**stamp, "elapsed": repr(self.elapsed), "loss_sum": repr(self.loss_sum.item()), "loss_count": str(self.loss_count),
+                "state_digest": weights_digest(tensors)}  # every tensor: weights, optimizer moments, generators
         save_tensors(self.run_dir / TRAIN_STATE, tensors, meta)
         save_tensors(self.run_dir / WEIGHTS, weights, stamp)
 
@@ -434,7 +436,10 @@ class Trainer:
                           stacklevel=2)
             self._begin_at_step_0()
             return
-        tensors, meta = read_train_state(path)  # every field present, and its weights match their digest
+        tensors, meta = read_train_state(path)  # every field present, and its tensors match their digests
+        if meta["step"] > 0 and not (self.run_dir / METRICS).exists():
+            raise RunFolderError(f"--resume: {self.run_dir / METRICS} is missing while {path} is at step {meta['step']}: "
+                                 f"the run's records up to there are lost. Restore the file, or train a new run")
         if meta["step"] > self.cfg.train.steps:
             raise RunFolderError(f"{path}: meta.step={meta['step']} is beyond train.steps={self.cfg.train.steps} of {CONFIG}")
         weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
@@ -445,6 +450,7 @@ class Trainer:
                 gen.set_state(tensors[name])
             except (RuntimeError, TypeError) as err:
                 raise RunFolderError(f"{path}: {name} is not a random generator's state ({err})") from None
+        check_state_digest(path, tensors, meta)  # after the checks by field, which name what is wrong
         self.step, self.elapsed = meta["step"], meta["elapsed"]
         self.loss_sum.fill_(meta["loss_sum"])
         self.loss_count = meta["loss_count"]

@@ -152,13 +152,6 @@ ROWS = [Row(command, PREFIX.get(command, "") + name, damage, *_expected(command,
 
 # what the product does wrong, by row id (reproduced on this checkout; see the final report)
 XFAIL = {
-    "resume:metrics.jsonl:deleted": "resume of a finished run whose metrics.jsonl was deleted exits 0 without a "
-                                    "word and writes an empty metrics.jsonl: the run's records are lost silently",
-    "resume:train_state.safetensors:flip-data": "a flipped byte in the train state's last tensor (rng.depth) is not "
-                                                "detected: its digest covers the model.* weights only; resume exits 0",
-    "resume-partial:train_state.safetensors:flip-rng": "a flipped byte in the train state's rng.data is not "
-                                                       "detected (the digest covers model.* only): resume exits 0 "
-                                                       "and continues on another data stream than the killed run's",
     "sweep:seed=0/config.json:dup-key": "sweep records the damaged cell as failed in sweep.json and exits 1 (its "
                                         "status for failed cells), naming the file on stderr; re-running cannot fix "
                                         "it, so it should be 2",

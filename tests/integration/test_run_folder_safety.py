@@ -87,7 +87,23 @@ def test_reading_a_run_in_training_warns_that_it_is_a_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
-    with run_lock(out), pytest.warns(UserWarning, match=f"being trained by pid {os.getpid()}"):
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from models.runs import run_lock
+        with run_lock({str(out)!r}):
+            print("locked", flush=True)
+            time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True)  # another process, as a trainer is
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.warns(UserWarning, match=f"being trained by pid {holder.pid}"):
+            load_run(out)
+    finally:
+        holder.kill()
+        holder.wait()
+    with run_lock(out), warnings.catch_warnings():  # this process's own lock (analyze holds it): no warning
+        warnings.simplefilter("error")
         load_run(out)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
