@@ -108,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--task", choices=sorted(DEFAULT_PRESET), help="task (default: the preset's)")
     train.add_argument("--preset", help="named configuration (default: <task>-cpu); see `workbench presets`")
+    train.add_argument("--config", type=Path, metavar="FILE",
+                       help="a run configuration as JSON (task, model and train sections, e.g. another run's "
+                            "config.json) instead of a preset; --set applies on top")
     train.add_argument("--out", required=True, type=Path, help="run folder to write")
     _add_run_options(train)
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -222,12 +225,40 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 def _resolve_config(args: argparse.Namespace, preset: str | None, task: str | None):
     from models.presets import get_preset
 
-    name = preset or DEFAULT_PRESET[task or "lego"]
-    cfg = get_preset(name)
+    config_file = getattr(args, "config", None)
+    if config_file is not None:
+        if preset:
+            raise ConfigError("--config and --preset both give the configuration; use one")
+        cfg = _config_from_file(config_file)
+    else:
+        name = preset or DEFAULT_PRESET[task or "lego"]
+        cfg = get_preset(name)
     if task and cfg.task.name != task:
-        raise ConfigError(f"--preset {name} is a {cfg.task.name} preset but --task is {task}")
+        source = f"--config {config_file}" if config_file is not None else f"--preset {name}"
+        raise ConfigError(f"{source} is a {cfg.task.name} configuration but --task is {task}")
     overrides = list(args.overrides) + ([f"train.device={json.dumps(args.device)}"] if args.device else [])
     return cfg.with_overrides(overrides)
+
+
+def _config_from_file(path: Path):
+    """A RunConfig from a JSON file, read strictly (models.runs.read_json); a run's config.json
+    works as it is (its package versions are ignored)."""
+    from models.config import RunConfig
+    from models.runs import RunFolderError, read_json
+
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path} does not exist") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path} is not a JSON object with task, model and train sections")
+    data.pop("versions", None)
+    try:
+        return RunConfig.from_dict(data)
+    except RunFolderError:
+        raise
+    except ConfigError as err:
+        raise ConfigError(f"--config {path}: {err}") from None
 
 
 def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
@@ -272,8 +303,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume:  # a config without a train state (a crash before the first checkpoint) restarts at step 0
         if not (args.out / CONFIG).exists():
             raise ConfigError(f"--resume: {args.out} has no {CONFIG}; there is nothing to resume")
-        if args.preset or args.task or args.overrides:
-            raise ConfigError("--resume continues the stored config.json; drop --preset/--task/--set")
+        if args.preset or args.task or args.overrides or args.config:
+            raise ConfigError("--resume continues the stored config.json; drop --preset/--task/--config/--set")
         cfg = read_config(args.out)
     else:
         cfg = _resolve_config(args, args.preset, args.task)

@@ -274,7 +274,7 @@ class Trainer:
             if self.step % train.eval_every == 0 or self.step == train.steps:
                 record = self._evaluate()
                 stopped = bool(record.get("stopped"))
-                bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=_headline(record))
+                bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=_headline(record, self.task.headline_metric))
             if self.step % train.checkpoint_every == 0 or self.step == train.steps or stopped:
                 self._checkpoint()
         bar.close()
@@ -397,8 +397,12 @@ class Trainer:
         if missing:
             raise ConfigError(f"train.plateau_watch names {missing}, which this task's evaluation does not record; "
                               f"it records {sorted(k for k, v in record.items() if isinstance(v, (int, float)))}")
+        metric = self.task.headline_metric
+        if metric not in record:
+            raise ConfigError(f"train.plateau_evals: the stop rule reads the task's headline metric {metric!r}, which "
+                              f"its evaluation does not record (it records {sorted(record)})")
         records = [r for r in read_metrics(self.run_dir) if "train_loss" in r] + [record]
-        history = [_headline_value(r) for r in records]
+        history = [r.get(metric) for r in records]
         if len(history) <= n or any(v is None for v in history):
             return False
         if max(history[-n:]) > max(history[:-n]) + train.plateau_tol:
@@ -489,11 +493,6 @@ class Trainer:
         self.optimizer.load_state_dict({"state": state, "param_groups": template["param_groups"]})
 
 
-def _headline_value(record: dict[str, Any]) -> float | None:
-    """The accuracy a run is judged by: supervised variables (LEGO), seen pairs (composite)."""
-    return record.get("acc_supervised", record.get("acc_seen", record.get("acc")))
-
-
 def _settled(values: list[Any], tol: float) -> bool:
     """Whether a watched metric's last values moved by no more than `tol`; a metric that some of
     them lack (not measured at those evaluations) has not settled."""
@@ -502,8 +501,8 @@ def _settled(values: list[Any], tol: float) -> bool:
     return max(values) - min(values) <= tol
 
 
-def _headline(record: dict[str, Any]) -> str:
-    value = _headline_value(record)
+def _headline(record: dict[str, Any], metric: str) -> str:
+    value = record.get(metric)
     return "-" if value is None else f"{value:.3f}"
 
 

@@ -79,6 +79,7 @@ class Task(Protocol):
 
     cfg: Any
     causal: bool  # a left-to-right (causal) model, or one that sees the whole sequence
+    headline_metric: str  # the `accuracy` key a run is judged by: the stop rule and progress bars read it
 
     @property
     def d_vocab(self) -> int: ...

@@ -77,6 +77,7 @@ class CompositeTask(UnpaddedTask):
     """Seeded, batched anchor-function sequences with per-pair targets and counterfactuals."""
 
     causal = True
+    headline_metric = "acc_seen"
 
     def __init__(self, cfg: CompositeConfig):
         self.cfg = cfg

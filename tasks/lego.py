@@ -136,6 +136,7 @@ class LegoTask:
     """Seeded, batched LEGO sentences with labels, chain depths and counterfactual twins."""
 
     causal = False
+    headline_metric = "acc_supervised"
 
     def __init__(self, cfg: LegoConfig):
         self.cfg = cfg

@@ -69,6 +69,7 @@ class TemplatesTask(UnpaddedTask):
     """Seeded, batched template strings over disjoint symbol alphabets, with counterfactual twins."""
 
     causal = True
+    headline_metric = "acc"
 
     def __init__(self, cfg: TemplatesConfig):
         self.cfg = cfg
