@@ -243,22 +243,12 @@ def _resolve_config(args: argparse.Namespace, preset: str | None, task: str | No
 def _config_from_file(path: Path):
     """A RunConfig from a JSON file, read strictly (models.runs.read_json); a run's config.json
     works as it is (its package versions are ignored)."""
-    from models.config import RunConfig
-    from models.runs import RunFolderError, read_json
+    from models.runs import read_config_file
 
     try:
-        data = read_json(path)
-    except FileNotFoundError:
-        raise ConfigError(f"--config {path} does not exist") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path} is not a JSON object with task, model and train sections")
-    data.pop("versions", None)
-    try:
-        return RunConfig.from_dict(data)
-    except RunFolderError:
-        raise
+        return read_config_file(path)
     except ConfigError as err:
-        raise ConfigError(f"--config {path}: {err}") from None
+        raise ConfigError(f"--config: {err}") from None
 
 
 def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
@@ -497,7 +487,7 @@ Exit status 1 when some cell failed (re-run to retry). Example:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from analyses.sweep import parse_grid, run_sweep
+    from analyses.sweep import grid_cells, parse_grid, run_sweep
     from models.presets import get_preset
     from models.runs import run_lock
 
@@ -507,6 +497,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError("--address needs --backend ray")
     base = get_preset(args.preset).with_overrides(args.overrides)
     grid = parse_grid(args.grid)
+    grid_cells(base, grid)  # every cell's config is valid before the folder is made (and locked)
     with run_lock(args.out):  # one sweep per folder: a second one exits 2 at once, naming the first, and changes nothing
         index = run_sweep(base, grid, args.out, preset=args.preset, workers=args.workers,
                           backend=args.backend, address=args.address, progress=not args.no_progress)

@@ -321,12 +321,20 @@ def write_config(run_dir: Path, cfg: RunConfig) -> None:
 
 def read_config(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / CONFIG
+    if not path.exists() and not path.is_symlink():
+        raise RunFolderError(f"{path} does not exist; {run_dir} holds no run")
+    return read_config_file(path)
+
+
+def read_config_file(path: Path) -> RunConfig:
+    """A run configuration from a JSON file (a run's config.json, or `train --config FILE`),
+    read strictly; RunFolderError (exit 2) naming the file and what is wrong."""
     try:
         data = read_json(path)
     except FileNotFoundError:
-        raise RunFolderError(f"{path} does not exist; {run_dir} holds no run") from None
+        raise RunFolderError(f"{path} does not exist") from None
     if not isinstance(data, dict):
-        raise RunFolderError(f"{path} is not a JSON object")
+        raise RunFolderError(f"{path} is not a JSON object with task, model and train sections")
     data.pop("versions", None)
     try:
         return RunConfig.from_dict(data)

@@ -237,6 +237,7 @@ def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = EVAL_SAMPLE
         if cell.get("status") != "done":
             continue
         run = load_run(sweep_dir / name)
+        cell = {"point": _point_of(run.config), **cell}
         verdict = composite_verdict(run.model, run.task, n=n).to_dict()
         last = run.metrics[-1] if run.metrics else {}
         gamma, width = run.config.model.init_gamma, run.config.model.d_model
@@ -246,6 +247,14 @@ def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = EVAL_SAMPLE
                                                  "held_out_by_key_position")},
                       **held_out_on_training_keys(run.model, run.task, n=n)}
     return rows
+
+
+def _point_of(cfg: RunConfig) -> dict[str, Any]:
+    """The settings a composite protocol ablation varies, read from a run's config: the point of
+    a cell of a sweep still in progress (whose sweep.json, with the grid, is not written yet)."""
+    return {"model.norm_position": cfg.model.norm_position, "train.lr": cfg.train.lr,
+            "model.init_gamma": cfg.model.init_gamma, "model.n_layers": cfg.model.n_layers,
+            "train.seed": cfg.train.seed}
 
 
 def phase_figure(table: dict[str, dict[str, Any]]) -> plt.Figure:
@@ -471,7 +480,11 @@ def main(argv: list[str] | None = None) -> int:
                              "point, steps trained, why it stopped, and the verdict on fresh test-key and training-key "
                              "sequences (--n per pair type)")
     args = parser.parse_args(argv)
-    index = json.loads((args.sweep_dir / "sweep.json").read_text())
+    finished = args.sweep_dir / "sweep.json"
+    if args.cells and not finished.exists():  # a sweep in progress: the cells it has finished so far
+        index = {"cells": json.loads((args.sweep_dir / "cells.json").read_text())}
+    else:
+        index = json.loads(finished.read_text())
     if args.cells:
         for name, row in sweep_cell_rows(index, args.sweep_dir, args.n).items():
             print(json.dumps({"cell": name, **row}))
