@@ -19,7 +19,7 @@ from pathlib import Path
 from tasks import ConfigError
 
 EXIT_UNEXPECTED, EXIT_CONFIG, EXIT_DIVERGED, EXIT_WRITE = 1, 2, 3, 4
-DEFAULT_PRESET = {"lego": "lego-cpu", "composite": "composite-cpu", "templates": "templates-cpu"}
+DEFAULT_TASK = "lego"  # what `workbench train` trains with neither --task, --preset nor --config
 _DESCRIPTION = ("Train small transformers on synthetic reasoning tasks and look inside them. "
                 "Exit status: 0 done, 1 unexpected error (traceback saved; --debug prints it), 2 bad configuration "
                 "(nothing written), 3 training diverged, 4 could not write (disk full, permission denied).")
@@ -106,8 +106,9 @@ def _parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train one model into a run folder", description=_TRAIN_HELP,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    train.add_argument("--task", choices=sorted(DEFAULT_PRESET), help="task (default: the preset's)")
-    train.add_argument("--preset", help="named configuration (default: <task>-cpu); see `workbench presets`")
+    train.add_argument("--task", help="task, one of the registered ones (tasks/*.py; default: the preset's)")
+    train.add_argument("--preset", help="named configuration (default: the task's own, e.g. lego-cpu); "
+                                        "see `workbench presets`")
     train.add_argument("--config", type=Path, metavar="FILE",
                        help="a run configuration as JSON (task, model and train sections, e.g. another run's "
                             "config.json) instead of a preset; --set applies on top")
@@ -222,16 +223,28 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _resolve_config(args: argparse.Namespace, preset: str | None, task: str | None):
-    from models.presets import get_preset
+def _load_tasks() -> list[str]:
+    """The registered tasks (every module of tasks/), once their analyses and default presets
+    (every module of interp/tasks/) are registered too."""
+    import interp.tasks  # noqa: F401 (its modules register each task's analysis and default preset)
+    from tasks import task_names
 
+    return task_names()
+
+
+def _resolve_config(args: argparse.Namespace, preset: str | None, task: str | None):
+    from models.presets import default_preset, get_preset
+
+    known = _load_tasks()
+    if task is not None and task not in known:
+        raise ConfigError(f"--task {task!r} is unknown; use one of {known}")
     config_file = getattr(args, "config", None)
     if config_file is not None:
         if preset:
             raise ConfigError("--config and --preset both give the configuration; use one")
         cfg = _config_from_file(config_file)
     else:
-        name = preset or DEFAULT_PRESET[task or "lego"]
+        name = preset or default_preset(task or DEFAULT_TASK)
         cfg = get_preset(name)
     if task and cfg.task.name != task:
         source = f"--config {config_file}" if config_file is not None else f"--preset {name}"
@@ -495,6 +508,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers {args.workers} must be >= 1")
     if args.address and args.backend != "ray":
         raise ConfigError("--address needs --backend ray")
+    _load_tasks()  # a task's module in interp/tasks/ may register presets
     base = get_preset(args.preset).with_overrides(args.overrides)
     grid = parse_grid(args.grid)
     grid_cells(base, grid)  # every cell's config is valid before the folder is made (and locked)
@@ -513,6 +527,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_presets(args: argparse.Namespace) -> int:
     from models.presets import PRESETS
 
+    _load_tasks()  # a task's module in interp/tasks/ may register presets
     for name, make in PRESETS.items():
         print(f"== {name}: {(make.__doc__ or '').strip().splitlines()[0]}")
         print(make().to_json())

@@ -12,8 +12,8 @@ import dataclasses
 import numpy as np
 import torch
 
+from interp.analysis import predictions
 from interp.plateau import hop_pull, parent_element_split, residual_similarity
-from interp.solutions import predictions
 from models.runs import load_run
 from tasks import LegoTask, seeded_generator
 

@@ -1,14 +1,17 @@
 """One trained run, looked into: head scores and labels, exact and attribution patching on the
-task's own counterfactual pairs, then the task's own steps (probes, solution verdict) from the
-registry `TASK_ANALYSES`. `analyze_run` returns a `RunAnalysis` (the objects that measured);
-`write_analysis` writes its `to_dict()` as analysis.json; `analysis_sections` turns that written
-form (fresh, or read back by `read_analysis`) into report sections.
+task's own counterfactual pairs, then the task's own steps (probes, solution verdict), which
+this module knows only through the registry `TASK_ANALYSES`: each module of `interp/tasks/`
+registers its task's `TaskAnalysis` (`register_analysis`). `analyze_run` returns a `RunAnalysis`
+(the objects that measured); `write_analysis` writes its `to_dict()` as analysis.json;
+`analysis_sections` turns that written form (fresh, or read back by `read_analysis`) into report
+sections.
 
-Adding a task: one file in `tasks/` implementing `tasks.Task`, and one `TaskAnalysis` entry here."""
+Adding a task: one file in `tasks/` implementing `tasks.Task` (registered with
+`tasks.registry.register_task`), and one in `interp/tasks/` registering its `TaskAnalysis` and
+default preset."""
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import json
 import math
@@ -16,34 +19,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import matplotlib.pyplot as plt
 import torch
+from jaxtyping import Int
+from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from interp import plots
 from interp.atp import Judged, judge_estimates
 from interp.attention import HeadScores, classify_heads
-from interp.circuit import Circuit, chains_to_logits, circuit_svg, find_circuit, head_name, loop_steps
+from interp.circuit import Circuit, circuit_svg, find_circuit, head_name
 from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual
 from interp.paths import PathPatchResult, check_path_patchable, path_patch
-from interp.probes import CompositeProbeMap, ProbeMap, composite_probe_map, lego_probe_map, percolation_summary
 from interp.report import Report, figure_html, table_html
-from interp.solutions import (
-    CompositeVerdict,
-    LegoVerdict,
-    ParityRule,
-    TemplatesVerdict,
-    composite_verdict,
-    lego_parity_rules,
-    lego_verdict,
-    predictions,
-    templates_verdict,
-)
 from models.planted import parse_planted
 from models.runs import ANALYSIS, LoadedRun, RunFolderError, atomic_write_bytes, read_json
-from tasks import Batch, Task, seeded_generator
+from tasks import Batch, Task, logits_at_labels, seeded_generator
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
@@ -81,8 +74,16 @@ class PatchingAnalysis:
         }
 
 
-Verdict = LegoVerdict | CompositeVerdict | TemplatesVerdict
-Probes = ProbeMap | CompositeProbeMap
+@runtime_checkable
+class Finding(Protocol):
+    """What a task's findings (its verdict, its probe map) are: objects that write themselves as
+    the plain values of analysis.json."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+Verdict = Finding  # the task's verdict: which solution the model found, with its evidence
+Probes = Finding  # the task's probe map
 
 
 @dataclass
@@ -116,7 +117,9 @@ class TaskAnalysis:
       says (labels: "L1H0" -> head label; planted: "L1H0" names of hardcoded heads);
     headline(verdict) -> the one line `workbench analyze` prints;
     verdict_html, probes_html -> report sections, from analysis.json's verdict and probes;
-    curves(run) -> the training-curve figure."""
+    curves(run) -> the training-curve figure;
+    planted_note -> HTML the report adds where a run's model has planted heads (what such a model
+      of this task is not, and where to look instead)."""
 
     findings: Callable[[LoadedRun, int], tuple[Probes | None, Verdict]]
     headline: Callable[[Verdict], str]
@@ -125,12 +128,45 @@ class TaskAnalysis:
     curves: Callable[[LoadedRun], plt.Figure]
     curves_caption: str
     circuit_findings: Callable[[Verdict, Circuit, dict[str, str], set[str]], Verdict] | None = None
+    planted_note: str = ""
+
+
+TASK_ANALYSES: dict[str, TaskAnalysis] = {}  # task name -> its analysis, filled by the modules of interp/tasks/
+
+
+def register_analysis(name: str, analysis: TaskAnalysis) -> None:
+    """Make `analysis` the task `name`'s steps of `workbench analyze` and of its report."""
+    known = TASK_ANALYSES.get(name)
+    if known is not None and known is not analysis:
+        raise RuntimeError(f"two analyses are registered for task {name!r}")
+    TASK_ANALYSES[name] = analysis
+
+
+def analysed_tasks() -> list[str]:
+    """The tasks with a registered analysis, sorted (every module of interp/tasks/ imported first)."""
+    import interp.tasks  # noqa: F401 (its modules register their analyses on import)
+
+    return sorted(TASK_ANALYSES)
 
 
 def task_analysis(name: str) -> TaskAnalysis:
+    known = analysed_tasks()
     if name not in TASK_ANALYSES:
-        raise ValueError(f"no analysis is registered for task {name!r}; known: {sorted(TASK_ANALYSES)}")
+        raise ValueError(f"no analysis is registered for task {name!r}; known: {known}")
     return TASK_ANALYSES[name]
+
+
+@torch.no_grad()
+def predictions(model: HookedTransformer, batch: Batch) -> Int[Tensor, "batch label"]:
+    """The model's answer (argmax over the task's classes) at every label slot."""
+    device = next(model.parameters()).device
+    logits = model(batch.tokens.to(device))
+    return logits_at_labels(logits, batch.label_pos.to(device)).argmax(-1).cpu()
+
+
+def without_unset(data: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    """`data` without the `optional` keys that are None: analysis.json holds what was measured."""
+    return {key: value for key, value in data.items() if value is not None or key not in optional}
 
 
 def counterfactual_pairs(
@@ -195,24 +231,6 @@ def analyze_run(
                        round(time.perf_counter() - started, 2), None if run.weights is None else run.weights.to_dict())
 
 
-def _lego_findings(run: LoadedRun, seed: int) -> tuple[ProbeMap, LegoVerdict]:
-    probes = lego_probe_map(run.model, run.task, seed=seed)
-    verdict = lego_verdict(run.model, run.task, run.metrics, seed=seed)
-    verdict.findings += _percolation_findings(probes.first_layer)
-    if run.task.cfg.group == "z2":
-        verdict.parity_rules = lego_parity_rules(run.model, run.task, seed=seed)
-        verdict.findings += _rule_findings(verdict.parity_rules)
-    return probes, verdict
-
-
-def _composite_findings(run: LoadedRun, seed: int) -> tuple[CompositeProbeMap, CompositeVerdict]:
-    return composite_probe_map(run.model, run.task, seed=seed), composite_verdict(run.model, run.task, seed=seed)
-
-
-def _templates_findings(run: LoadedRun, seed: int) -> tuple[None, TemplatesVerdict]:
-    return None, templates_verdict(run.model, run.task, seed=seed)
-
-
 def _head_labels(heads: HeadScores) -> dict[str, str]:
     """"L1H0" -> its label."""
     return {f"L{layer}H{head}": label for layer, row in enumerate(heads.labels) for head, label in enumerate(row)}
@@ -228,45 +246,6 @@ def _named_chain(chain: list[str], labels: dict[str, str], planted: set[str]) ->
     """`L1H0 (manipulation) -> L2H0 (association, planted) -> logits`."""
     return " -> ".join(node if node == "logits" else f"{node} ({labels.get(node, '?')}{', planted' * (node in planted)})"
                        for node in chain)
-
-
-def _lego_circuit_findings(verdict: LegoVerdict, circuit: Circuit, labels: dict[str, str],
-                           planted: set[str]) -> LegoVerdict:
-    """For-loop evidence from the circuit graph: a path to the logits on which an association
-    head feeds a manipulation head in the next layer, or the other way round."""
-    chains = chains_to_logits(circuit.edges)
-    looping = [(chain, steps) for chain in chains if (steps := loop_steps(chain, labels))]
-    if looping:
-        chain, steps = looping[0]
-        line = (f"circuit: {len(steps)} for-loop step(s), association and manipulation heads in consecutive layers on "
-                f"a path to the logits: {_named_chain(chain, labels, planted)}")
-    elif chains:
-        chain = chains[0]
-        line = (f"circuit: no path to the logits passes from an association head to a manipulation head in the next "
-                f"layer or back; longest path: {_named_chain(chain, labels, planted)}")
-    else:
-        chain, line = [], "circuit: no path patching edge of the circuit reaches the logits"
-    return dataclasses.replace(verdict, circuit_chain=chain, findings_from_circuit=[line])
-
-
-def _composite_circuit_findings(verdict: CompositeVerdict, circuit: Circuit, labels: dict[str, str],
-                                planted: set[str]) -> CompositeVerdict:
-    """The route to the answer: the circuit's longest path to the logits."""
-    chains = chains_to_logits(circuit.edges)
-    route = _named_chain(chains[0], labels, planted) if chains else "no circuit edge reaches the logits"
-    return dataclasses.replace(verdict, route=route)
-
-
-def _rule_findings(rules: list[ParityRule]) -> list[str]:
-    """One line naming the variables whose answers follow another parity than the chain's."""
-    other = [f"#{r.variable} {r.describe()} ({r.agreement:.2f})" for r in rules if not r.is_true_rule]
-    if not other:
-        return ["every variable's answers follow its chain parity x0 + g0 + ... + gk"]
-    return ["answers follow another parity than the chain (x0 + g0 + ... + gk) on " + ", ".join(other)]
-
-
-def _percolation_findings(first: list[int | None]) -> list[str]:
-    return [f"probes: {percolation_summary(first)}; first layer reaching 95% per depth {first}"]
 
 
 def write_analysis(run: LoadedRun, analysis: RunAnalysis) -> Path:
@@ -306,8 +285,9 @@ def _analysis_problem(data: Any) -> str | None:
     wrong = [f"{name} must be {kind}" for name, (types, kind) in ANALYSIS_FIELDS.items() if not isinstance(data.get(name), types)]
     if wrong:
         return f"holds fields of the wrong kind ({'; '.join(wrong)})"
-    if data["task"] not in TASK_ANALYSES:
-        return f"names task={data['task']!r}, which is unknown; known: {sorted(TASK_ANALYSES)}"
+    known = analysed_tasks()
+    if data["task"] not in known:
+        return f"names task={data['task']!r}, which is unknown; known: {known}"
     return None
 
 
@@ -340,22 +320,11 @@ def _head_name(where: str) -> str:
     return f"L{layer}H{head}"
 
 
-def _table_verdict_html(verdict: dict[str, Any]) -> str:
-    """Composite and templates: the solution's name, then its evidence."""
+def table_verdict_html(verdict: dict[str, Any]) -> str:
+    """A verdict section for tasks whose verdict names a solution (`verdict`), then its evidence."""
     head = f"<p class='verdict'>Solution: {html.escape(verdict['verdict'])}</p>"
     rows = [[k, json.dumps(v)] for k, v in verdict.items() if k != "verdict"]
     return head + table_html(rows, ["evidence", "value"])
-
-
-def _lego_verdict_html(verdict: dict[str, Any]) -> str:
-    lines = verdict["findings"] + verdict.get("findings_from_circuit", [])
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-    rules = verdict.get("parity_rules")  # Z2 only
-    rows = [[f"#{i}", a, "yes" if s else "no", verdict["learned_step"][i],
-             *([f"{rules[i]['rule']} ({rules[i]['agreement']:.2f})"] if rules else [])]
-            for i, (a, s) in enumerate(zip(verdict["acc_per_var"], verdict["supervised"]))]
-    header = ["variable", "test accuracy", "supervised", "learned at step", *(["closest parity rule"] if rules else [])]
-    return f"<ul>{items}</ul>" + table_html(rows, header)
 
 
 def _patching_html(patching: dict[str, Any]) -> str:
@@ -483,38 +452,3 @@ def _largest_heads(sweep: dict[str, Any], k: int = 3) -> list[tuple[str, float]]
     cells = [(f"L{layer}H{head}", value) for layer, row in zip(sweep["layers"], sweep["values"])
              for head, value in enumerate(row)]
     return sorted(cells, key=lambda cell: -abs(cell[1]))[:k]
-
-
-def _lego_probes_html(probes: dict[str, Any]) -> str:
-    fig = plots.heatmap(probes["accuracy"], "chain depth", "layer", "probe accuracy", probes["depth_names"], 0.0, 1.0, "viridis")
-    note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
-            f"{probes['first_layer']}; {percolation_summary(probes['first_layer'])}.")
-    return figure_html(fig, "Linear probe accuracy for each variable's value at its own token.") + f"<p>{html.escape(note)}</p>"
-
-
-def _composite_probes_html(probes: dict[str, Any]) -> str:
-    rows = []
-    for site_index, site in enumerate(probes["site_names"]):
-        for quantity_index, quantity in enumerate(probes["quantity_names"]):
-            rows.append([site, quantity, *[round(layer[site_index][quantity_index], 3) for layer in probes["accuracy"]]])
-    header = ["site", "quantity", *probes["layer_names"]]
-    return "<p>Linear probe accuracy per layer.</p>" + table_html(rows, header)
-
-
-def _lego_curves(run: LoadedRun) -> plt.Figure:
-    return plots.lego_curves(run.metrics, run.task.supervised_slots())
-
-
-TASK_ANALYSES: dict[str, TaskAnalysis] = {
-    "lego": TaskAnalysis(
-        _lego_findings, lambda verdict: json.dumps(verdict.findings), _lego_verdict_html, _lego_probes_html,
-        _lego_curves, "Solid: supervised variables; dashed: not supervised (extrapolation).", _lego_circuit_findings),
-    "composite": TaskAnalysis(
-        _composite_findings, lambda verdict: verdict.verdict, _table_verdict_html, _composite_probes_html,
-        lambda run: plots.composite_curves(run.metrics),
-        "Seen-pair accuracy on test keys, and the answers on the held-out pair.", _composite_circuit_findings),
-    "templates": TaskAnalysis(
-        _templates_findings, lambda verdict: f"{verdict.verdict} (accuracy per symbol split {verdict.accuracy})",
-        _table_verdict_html, None, lambda run: plots.templates_curves(run.metrics),
-        "Accuracy on strings of test symbols, never seen in training."),
-}

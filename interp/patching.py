@@ -132,8 +132,8 @@ class LogitDiff:
 
 
 def logit_diff_metric(clean: Batch, corrupted: Batch, label_index: int = 0) -> LogitDiff:
-    """The default metric: logit difference at label slot `label_index` (LEGO: the variable at
-    that chain depth; composite: slot 0, the last position). Every pair's label there must
+    """The default metric: logit difference at label slot `label_index` (one slot per variable in a
+    task with several labels; slot 0, the last position, in a task with one). Every pair's label there must
     exist and differ between clean and corrupted, else the metric would read nothing."""
     n_slots = clean.labels.shape[1]
     if not 0 <= label_index < n_slots:

@@ -1,4 +1,5 @@
-"""Matplotlib figures for reports (Agg backend: no display needed)."""
+"""Matplotlib figures for reports (Agg backend: no display needed). Each task's training curves
+are in its module of interp/tasks/."""
 
 from __future__ import annotations
 
@@ -10,55 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def lego_curves(metrics: list[dict[str, Any]], supervised: list[bool]) -> plt.Figure:
-    """Per-variable test accuracy over training steps (solid: supervised, dashed: not), and loss."""
-    records = [m for m in metrics if "acc_per_var" in m]
-    steps = [m["step"] for m in records]
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.8))
-    per_var = list(zip(*[m["acc_per_var"] for m in records])) if records else []
-    colours = plt.cm.viridis([i / max(1, len(per_var) - 1) for i in range(len(per_var))])
-    for i, accs in enumerate(per_var):
-        ax_acc.plot(steps, accs, color=colours[i], linestyle="-" if supervised[i] else "--", label=f"#{i}")
-    ax_acc.set(xlabel="step", ylabel="test accuracy", ylim=(0.0, 1.02), title="per-variable accuracy (chain order)")
-    ax_acc.legend(fontsize=7, ncol=2)
-    _loss_panel(ax_loss, records)
-    fig.tight_layout()
-    return fig
-
-
-def composite_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
-    """Seen-pair accuracy and the held-out pair's inferential/symmetric rates over steps, and loss."""
-    records = [m for m in metrics if "acc_seen" in m]
-    steps = [m["step"] for m in records]
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.8))
-    ax_acc.plot(steps, [m["acc_seen"] for m in records], label="seen pairs (test keys)")
-    if records and "held_out_inferential" in records[-1]:
-        ax_acc.plot(steps, [m.get("held_out_inferential") for m in records], label="held-out: inferential")
-        ax_acc.plot(steps, [m.get("held_out_symmetric") for m in records], label="held-out: symmetric")
-    ax_acc.set(xlabel="step", ylabel="rate", ylim=(0.0, 1.02), title="accuracy and held-out answers")
-    ax_acc.legend(fontsize=8)
-    _loss_panel(ax_loss, records)
-    fig.tight_layout()
-    return fig
-
-
-def templates_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
-    """Test accuracy (symbols never seen in training) over steps, per class where there are
-    classes, and loss."""
-    records = [m for m in metrics if "acc" in m]
-    steps = [m["step"] for m in records]
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for key, label in (("acc", "all"), ("acc_same", "same"), ("acc_different", "different")):
-        if records and key in records[-1]:
-            ax_acc.plot(steps, [m.get(key) for m in records], label=label)
-    ax_acc.set(xlabel="step", ylabel="test accuracy", ylim=(0.0, 1.02), title="accuracy on unseen symbols")
-    ax_acc.legend(fontsize=8)
-    _loss_panel(ax_loss, records)
-    fig.tight_layout()
-    return fig
-
-
-def _loss_panel(ax: plt.Axes, records: list[dict[str, Any]]) -> None:
+def loss_panel(ax: plt.Axes, records: list[dict[str, Any]]) -> None:
+    """Train and test loss over steps: the right-hand panel of every task's training curves."""
     steps = [m["step"] for m in records]
     ax.plot(steps, [m["train_loss"] for m in records], label="train")
     ax.plot(steps, [m["eval_loss"] for m in records], label="test")

@@ -1,19 +1,19 @@
 """Linear probes of the residual stream: at which layer a quantity becomes linearly readable.
 
 One probe per (layer, site, quantity): features are the residual stream at one layer, read at one
-position of each sample (the site: a LEGO variable's token, a composite anchor ...), and the
-target is one integer quantity (a variable's value, the key ...). All probes of a map are fitted
-together as one batched solve; a probe is fitted on one set of samples and scored on fresh ones.
+position of each sample (the site: a variable's token, an anchor ...), and the target is one
+integer quantity (a variable's value, the key ...). All probes of a map are fitted together as
+one batched solve; a probe is fitted on one set of samples and scored on fresh ones. Each task's
+probe map, which sites and quantities it reads, is in its module of interp/tasks/.
 
 Shape glossary: layer = residual streams (0 = embedding `blocks.0.hook_resid_pre`, l >= 1 = the
 output of block l-1, `blocks.{l-1}.hook_resid_post`), batch = samples, pos = token positions,
 d_model = residual width, site = positions read per sample, probe = probes fitted together,
-class = target classes, depth = LEGO chain index, quantity = composite targets.
+class = target classes, quantity = what a probe predicts.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,14 +23,6 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
-
-from tasks import Batch, CompositeTask, LegoTask, seeded_generator
-
-FIRST_REACH_THRESHOLD = 0.95  # DESIGN.md: a depth is "solved" at a layer once its probe reaches 95%
-MIN_PERCOLATION_DEPTHS = 3  # resolved depths a slope is fitted on: through two, any line fits exactly
-COMPOSITE_SITES = ("key", "anchor1", "anchor2", "last")
-COMPOSITE_QUANTITIES = ("key", "intermediate", "target")
-
 
 # ---------------------------------------------------------------------------------------------
 # Residual streams
@@ -184,7 +176,7 @@ def fit_probes(
 
 
 # ---------------------------------------------------------------------------------------------
-# Probe grids: one generic fit over (layer, site, quantity), thin task wrappers below
+# Probe grids: one generic fit over (layer, site, quantity); each task's probe map (interp/tasks/) wraps it
 
 
 @dataclass
@@ -246,185 +238,6 @@ def _unflatten(accuracy: Tensor, shape: dict[str, int]) -> Tensor:
     return einops.rearrange(accuracy.cpu(), "(layer site quantity) -> layer site quantity", **shape)
 
 
-# ---------------------------------------------------------------------------------------------
-# LEGO: information percolation along the chain
-
-
-def first_layer_reaching(accuracy: Float[Tensor, "layer depth"], threshold: float = FIRST_REACH_THRESHOLD) -> list[int | None]:
-    """Per depth, the first layer whose probe accuracy is at least `threshold` (None if none)."""
-    reached = accuracy >= threshold
-    first = reached.float().argmax(0).tolist()
-    return [layer if ok else None for layer, ok in zip(first, reached.any(0).tolist())]
-
-
-def percolation_fit(first_layers: list[int | None]) -> tuple[float | None, float | None]:
-    """Least-squares line through (depth, first layer) over the resolved depths (those that reach
-    the threshold): its slope (layers per reasoning step) and R^2 (1 = perfectly linear, a "for
-    loop"). Both None from fewer than MIN_PERCOLATION_DEPTHS resolved depths: two points always
-    lie on a line. R^2 is None when the first layers are all equal (nothing to explain)."""
-    points = [(depth, layer) for depth, layer in enumerate(first_layers) if layer is not None]
-    if len(points) < MIN_PERCOLATION_DEPTHS:
-        return None, None
-    x, y = torch.tensor(points, dtype=torch.float64).T
-    x_c, y_c = x - x.mean(), y - y.mean()
-    slope = float((x_c * y_c).sum() / (x_c**2).sum())
-    total = float((y_c**2).sum())
-    residual = float(((y_c - slope * x_c) ** 2).sum())
-    return slope, (1 - residual / total if total > 0 else None)
-
-
-def resolved_depths(first_layers: list[int | None]) -> int:
-    """How many depths reach the threshold at some layer: the points a percolation slope is fitted on."""
-    return sum(layer is not None for layer in first_layers)
-
-
-def percolation_summary(first_layers: list[int | None]) -> str:
-    """The percolation line every report prints: slope and R^2 with the number of resolved depths
-    they were fitted on, or why there is no slope."""
-    slope, linearity = percolation_fit(first_layers)
-    n, total = resolved_depths(first_layers), len(first_layers)
-    if slope is None:
-        return (f"no percolation slope: {n} of {total} depths resolved (reach the threshold); "
-                f"a slope needs >= {MIN_PERCOLATION_DEPTHS}")
-    fit = "n/a, every resolved depth first reaches it at the same layer" if linearity is None else f"{linearity:.2f}"
-    return f"percolation slope {slope:.2f} layers per reasoning step (R^2 {fit}), fitted on {n} of {total} resolved depths"
-
-
-@dataclass
-class ProbeMap:
-    """LEGO probe accuracy per (layer, chain depth), read at each variable's own token."""
-
-    accuracy: Float[Tensor, "layer depth"]
-    train_accuracy: Float[Tensor, "layer depth"]
-    layer_names: list[str]
-    depth_names: list[str]
-    chance: float  # 1 / n_classes
-    majority: list[float]  # per depth, test accuracy of always answering the most frequent class
-    threshold: float
-    first_layer: list[int | None]  # per depth, first layer reaching `threshold`
-    slope: float | None  # layers per reasoning step
-    linearity: float | None  # R^2 of the slope's line
-    n_train: int
-    n_test: int
-    method: str
-    seconds: float  # wall time of the whole map: residuals, fits and scoring
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "accuracy": _rounded(self.accuracy), "train_accuracy": _rounded(self.train_accuracy),
-            "layer_names": self.layer_names, "depth_names": self.depth_names, "chance": self.chance,
-            "majority": [round(m, 4) for m in self.majority], "threshold": self.threshold, "first_layer": self.first_layer, "slope": self.slope,
-            "linearity": self.linearity, "resolved_depths": resolved_depths(self.first_layer),
-            "n_train": self.n_train, "n_test": self.n_test,
-            "method": self.method, "seconds": round(self.seconds, 3),
-        }
-
-
-def lego_probe_set(task: LegoTask, batch: Batch) -> ProbeSet:
-    """Sites are the variables' own (clause left-hand) tokens in chain order; targets their values."""
-    return ProbeSet(batch.tokens, batch.label_pos, batch.labels.unsqueeze(-1), batch.label_mask)
-
-
-def lego_probe_map(
-    model: HookedTransformer, task: LegoTask, n_train: int = 3000, n_test: int = 2000, seed: int = 0,
-    split: str = "test", method: str = "lda", threshold: float = FIRST_REACH_THRESHOLD,
-) -> ProbeMap:
-    """Where each variable's value becomes linearly readable at its own token, layer by layer.
-
-    Probes are fitted on `n_train` sentences drawn with `seed` and scored on `n_test` fresh ones
-    drawn with `seed + 1`. split="test" draws full-length sentences, so every depth has every
-    sample; padded variables (split="train" with min_vars) are left out of fit and score.
-    """
-    start = time.perf_counter()
-    train = lego_probe_set(task, task.sample(n_train, seeded_generator(seed), split))
-    test = lego_probe_set(task, task.sample(n_test, seeded_generator(seed + 1), split))
-    grid = probe_grid(model, train, test, task.d_vocab_out, method)
-    accuracy = grid.accuracy[..., 0]
-    first = first_layer_reaching(accuracy, threshold)
-    slope, linearity = percolation_fit(first)
-    return ProbeMap(accuracy, grid.train_accuracy[..., 0], layer_names(model), task.label_names, 1 / task.d_vocab_out,
-                    grid.majority[:, 0].tolist(), threshold, first, slope, linearity, n_train, n_test, method,
-                    time.perf_counter() - start)
-
-
-# ---------------------------------------------------------------------------------------------
-# Composite: where the key, the first composition and the answer are readable
-
-
-@dataclass
-class CompositeProbeMap:
-    """Composite probe accuracy per (layer, site, quantity).
-
-    sites: the key's position, the first and second anchor's positions, the last position.
-    quantities: the key x, the intermediate g(x; a1) = x + shift(a1), and the target (label).
-    chance: per quantity, 1 / the number of distinct values it takes in the probes' training set.
-    """
-
-    accuracy: Float[Tensor, "layer site quantity"]
-    train_accuracy: Float[Tensor, "layer site quantity"]
-    layer_names: list[str]
-    site_names: list[str]
-    quantity_names: list[str]
-    chance: list[float]
-    majority: list[float]  # per quantity, test accuracy of always answering the most frequent class
-    n_train: int
-    n_test: int
-    split: str
-    method: str
-    seconds: float
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "accuracy": _rounded(self.accuracy), "train_accuracy": _rounded(self.train_accuracy),
-            "layer_names": self.layer_names, "site_names": self.site_names, "quantity_names": self.quantity_names,
-            "chance": [round(c, 5) for c in self.chance], "majority": [round(m, 4) for m in self.majority],
-            "n_train": self.n_train, "n_test": self.n_test,
-            "split": self.split, "method": self.method, "seconds": round(self.seconds, 3),
-        }
-
-    def at(self, site: str, quantity: str) -> Float[Tensor, " layer"]:
-        """Accuracy across layers of one (site, quantity) probe, by name."""
-        return self.accuracy[:, self.site_names.index(site), self.quantity_names.index(quantity)]
-
-
-def composite_quantities(task: CompositeTask, batch: Batch) -> Int[Tensor, "batch quantity"]:
-    """The key x, g(x; a1) and the label, in the order of COMPOSITE_QUANTITIES."""
-    shifts = torch.tensor(task.cfg.shifts)
-    first_anchor = torch.tensor(task.pairs)[batch.latents["pair"], 0]
-    key = batch.latents["key"]
-    return torch.stack([key, key + shifts[first_anchor - 1], batch.labels[:, 0]], dim=-1)
-
-
-def composite_probe_set(task: CompositeTask, batch: Batch) -> ProbeSet:
-    key_pos = batch.latents["key_pos"]
-    last = torch.full_like(key_pos, task.cfg.seq_len - 1)
-    positions = torch.stack([key_pos, key_pos + 1, key_pos + 2, last], dim=-1)
-    targets = einops.repeat(composite_quantities(task, batch), "batch quantity -> batch site quantity",
-                            site=len(COMPOSITE_SITES))
-    return ProbeSet(batch.tokens, positions, targets, torch.ones_like(positions, dtype=torch.bool))
-
-
-def composite_probe_map(
-    model: HookedTransformer, task: CompositeTask, n_train: int = 4000, n_test: int = 2000, seed: int = 0,
-    split: str = "train", method: str = "lda",
-) -> CompositeProbeMap:
-    """Where the key, g(key; a1) and the target are linearly readable: at the key, at each anchor
-    and at the last position, layer by layer. Classes are token values (~100), hence LDA.
-
-    Probes are fitted on `n_train` sequences drawn with `seed` and scored on `n_test` fresh ones
-    drawn with `seed + 1`, both from the task's `split` ("train": seen pairs and training keys).
-    """
-    start = time.perf_counter()
-    train_batch = task.sample(n_train, seeded_generator(seed), split)
-    train = composite_probe_set(task, train_batch)
-    test = composite_probe_set(task, task.sample(n_test, seeded_generator(seed + 1), split))
-    grid = probe_grid(model, train, test, task.d_vocab_out, method)
-    chance = [1 / len(values.unique()) for values in composite_quantities(task, train_batch).T]
-    return CompositeProbeMap(grid.accuracy, grid.train_accuracy, layer_names(model), list(COMPOSITE_SITES),
-                             list(COMPOSITE_QUANTITIES), chance, grid.majority[0].tolist(), n_train, n_test, split,
-                             method, time.perf_counter() - start)
-
-
-def _rounded(values: Tensor, decimals: int = 4) -> list:
+def rounded(values: Tensor, decimals: int = 4) -> list:
     """Nested lists for JSON; rounded in float64 so that 0.5185 prints as 0.5185."""
     return values.double().round(decimals=decimals).tolist()

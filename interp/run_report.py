@@ -60,12 +60,6 @@ HEAD_ORIGINS = {
     "warm-started": "warm-started from the weights of {source} (train.init_from); that run's origin applies too",
     "learned": "learned: random initialisation, nothing planted or mimicked",
 }
-# what a planted LEGO model is not, and where to look instead (analyses/RESULTS.md, "The #2 plateau")
-LEGO_PLANTED_NOTE = (
-    "No plain LEGO model from random init has learned the association hop at this shape on CPU (26 letters, batch "
-    "128: analyses/RESULTS.md, \"The #2 plateau\"). Plain models that did learn it, nothing planted or mimicked: "
-    "<code>workbench analyze zoo/lego-association</code> (six letters, batch 512, one hop; L2H3 is a learned "
-    "association head) and <code>zoo/lego-three-hops</code> (a curriculum from it: n = 8, #0-#4, three hops).")
 
 
 def heads_origin_html(run: LoadedRun) -> str:
@@ -74,7 +68,8 @@ def heads_origin_html(run: LoadedRun) -> str:
     origin = cfg.heads_origin
     planted = ", ".join(f"{_where(w)} {kind}" for w, kind in cfg.model.planted.items())
     text = HEAD_ORIGINS[origin].format(planted=planted, steps=cfg.train.mimic_steps, source=cfg.train.init_from)
-    note = f" {LEGO_PLANTED_NOTE}" if origin == "planted" and cfg.task.name == "lego" else ""
+    note = task_analysis(cfg.task.name).planted_note if origin == "planted" else ""
+    note = f" {note}" if note else ""
     return f"<p class='origin'><b>Heads: {html.escape(text)}.</b>{note}</p>"
 
 

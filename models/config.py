@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.planted import parse_planted
-from tasks import TASK_CONFIGS, CompositeConfig, ConfigError, LegoConfig, TemplatesConfig
+from tasks import ConfigError, TaskConfig, registered_task, task_names
 
 ACT_FNS = ("gelu", "relu", "silu", "gelu_new")
 NORMALIZATIONS = ("LN", "LNPre", "RMS", "RMSPre")
@@ -216,7 +216,7 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    task: LegoConfig | CompositeConfig | TemplatesConfig
+    task: TaskConfig  # the config class the task registry has for task.name (tasks.registry)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -245,17 +245,15 @@ class RunConfig:
             raise ConfigError(f"the config has unknown section(s) {sorted(unknown)}; sections: task, model, train")
         if "task" not in data:
             raise ConfigError(f"the config has no task section; it must be a JSON object naming the task and its "
-                              f"settings, e.g. {{\"name\": \"lego\"}} with name one of {sorted(TASK_CONFIGS)}")
+                              f"settings, e.g. {{\"name\": \"lego\"}} with name one of {task_names()}")
         for section in ("task", "model", "train"):
             if section in data and not isinstance(data[section], dict):
                 raise ConfigError(f"the {section} section is {data[section]!r}; it must be a JSON object of "
                                   f"{section} settings, e.g. {{\"{_EXAMPLE_KEY[section]}\": ...}}")
         task_data = dict(data["task"])
-        name = task_data.get("name")
-        if not isinstance(name, str) or name not in TASK_CONFIGS:
-            raise ConfigError(f"task.name={name!r} is unknown; it must be a string, one of {sorted(TASK_CONFIGS)}")
+        task = registered_task(task_data.get("name"))  # ConfigError naming the known tasks
         return cls(
-            task=_build(TASK_CONFIGS[name], task_data, "task"),
+            task=_build(task.config, task_data, "task"),
             model=_build(ModelConfig, data.get("model", {}), "model"),
             train=_build(TrainConfig, data.get("train", {}), "train"),
         )

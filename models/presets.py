@@ -100,14 +100,40 @@ def templates_cpu() -> RunConfig:
     )
 
 
-PRESETS: dict[str, Callable[[], RunConfig]] = {
+PRESETS: dict[str, Callable[[], RunConfig]] = {}  # name -> factory, in registration order
+DEFAULT_PRESETS: dict[str, str] = {}  # task name -> the preset `workbench train --task NAME` uses
+
+
+def register_preset(name: str, factory: Callable[[], RunConfig], default_for: str | None = None) -> None:
+    """Make `name` a preset. `default_for`: the task whose default preset it is (a task's module in
+    interp/tasks/ says so, registering its preset again with the same factory, or a new one)."""
+    known = PRESETS.get(name)
+    if known is not None and known is not factory:
+        raise RuntimeError(f"two presets are named {name!r}: {known.__module__}.{known.__qualname__} and "
+                           f"{factory.__module__}.{factory.__qualname__}")
+    if default_for is not None and DEFAULT_PRESETS.get(default_for, name) != name:
+        raise RuntimeError(f"task {default_for!r} has two default presets: {DEFAULT_PRESETS[default_for]!r} and {name!r}")
+    PRESETS[name] = factory
+    if default_for is not None:
+        DEFAULT_PRESETS[default_for] = name
+
+
+for _name, _factory in {
     "lego-cpu": lego_cpu, "lego-gpu": lego_gpu, "lego-paper": lego_paper, "composite-cpu": composite_cpu,
     "composite-gpu": composite_gpu, "composite-paper": composite_paper,
     "templates-cpu": templates_cpu,
-}
+}.items():
+    register_preset(_name, _factory)
 
 
 def get_preset(name: str) -> RunConfig:
     if name not in PRESETS:
         raise ConfigError(f"preset {name!r} is unknown; use one of {sorted(PRESETS)}")
     return PRESETS[name]()
+
+
+def default_preset(task: str) -> str:
+    """The preset a task trains with when none is named (registered by the task's interp module)."""
+    if task not in DEFAULT_PRESETS:
+        raise ConfigError(f"task {task!r} has no default preset; name one with --preset (see `workbench presets`)")
+    return DEFAULT_PRESETS[task]

@@ -70,7 +70,8 @@ class CounterfactualPairs(NamedTuple):
 @runtime_checkable
 class Task(Protocol):
     """What every task offers to models, training and analysis. Adding a task means one file in
-    `tasks/` implementing this, and one entry in `interp.analysis.TASK_ANALYSES`.
+    `tasks/` implementing this and registering it (`tasks.registry.register_task`), and one in
+    `interp/tasks/` registering its analysis (`interp.analysis.register_analysis`).
 
     Labels: each sample has `len(label_names)` label slots. Slot i is read at position
     `batch.label_pos[:, i]` (the model's logits there, restricted to `d_vocab_out` classes);

@@ -24,6 +24,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from tasks.base import Batch, ConfigError, CounterfactualPairs, UnpaddedTask, uniform_choice
+from tasks.registry import register_task
 
 SPLITS = ("train", "test")
 
@@ -253,3 +254,6 @@ class CompositeTask(UnpaddedTask):
             out.update(held_out_inferential=round(inf, 4), held_out_symmetric=round(sym, 4),
                        held_out_other=round(1 - inf - sym, 4))
         return out
+
+
+register_task("composite", CompositeConfig, CompositeTask)

@@ -19,6 +19,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from tasks.base import Batch, ConfigError, CounterfactualPairs, uniform_choice
+from tasks.registry import register_task
 
 CLAUSE_LEN = 5  # lhs = g rhs ;
 SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "=", ";"]
@@ -369,3 +370,6 @@ class LegoTask:
             "acc_supervised": round(sum(sup) / len(sup), 4) if sup else None,
             "acc_unsupervised": round(sum(unsup) / len(unsup), 4) if unsup else None,
         }
+
+
+register_task("lego", LegoConfig, LegoTask)

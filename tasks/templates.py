@@ -25,6 +25,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from tasks.base import Batch, ConfigError, CounterfactualPairs, UnpaddedTask
+from tasks.registry import register_task
 
 TEMPLATES = ("same_different", "binding", "copy")
 SPLITS = ("train", "val", "test")
@@ -241,3 +242,6 @@ class TemplatesTask(UnpaddedTask):
             for name, rows in (("acc_same", same), ("acc_different", ~same)):
                 out[name] = round(correct[rows].mean().item(), 4) if rows.any() else None
         return out
+
+
+register_task("templates", TemplatesConfig, TemplatesTask)

@@ -9,7 +9,7 @@ with install_import_hook(["tasks", "models", "interp"], "beartype.beartype"):
     import interp.patching  # noqa: F401
     import interp.probes  # noqa: F401
     import interp.report  # noqa: F401
-    import interp.solutions  # noqa: F401
+    import interp.tasks  # noqa: F401 (every task's analysis: verdicts, probe maps)
     import models.factory  # noqa: F401
     import models.train  # noqa: F401
     import tasks  # noqa: F401

@@ -86,7 +86,7 @@ def held_out_rates_by_hand(run, n: int, seed: int = 0) -> tuple[float, float]:
     (trained pairs first, then held-out ones)."""
     import torch
 
-    from interp.solutions import _held_out_pairs, _trained_pairs
+    from interp.tasks.composite import _held_out_pairs, _trained_pairs
     from tasks import seeded_generator
 
     task = run.task

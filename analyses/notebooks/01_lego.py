@@ -35,9 +35,8 @@ from interp import plots
 from interp.analysis import counterfactual_pairs
 from interp.attention import attention_patterns, classify_heads
 from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual
-from interp.probes import lego_probe_map, percolation_summary
 from interp.report import figure_html, table_html
-from interp.solutions import lego_parity_rules, lego_verdict
+from interp.tasks.lego import lego_curves, lego_parity_rules, lego_probe_map, lego_verdict, percolation_summary
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
 from models.runs import load_run
@@ -82,7 +81,7 @@ print(f"run {run.path}: {model.cfg.n_layers} layers x {model.cfg.n_heads} heads,
 
 # %%
 supervised = task.sample(1, seeded_generator(0), split="test").loss_mask[0].tolist()
-display(HTML(figure_html(plots.lego_curves(run.metrics, supervised), "Per-variable test accuracy during training.")))
+display(HTML(figure_html(lego_curves(run.metrics, supervised), "Per-variable test accuracy during training.")))
 
 # %% [markdown]
 # ## 1. The attention of every head

@@ -29,11 +29,9 @@ from pathlib import Path
 import circuitsvis as cv
 from IPython.display import HTML, display
 
-from interp import plots
 from interp.attention import attention_patterns, classify_heads
-from interp.probes import composite_probe_map
 from interp.report import figure_html, table_html
-from interp.solutions import composite_verdict
+from interp.tasks.composite import composite_curves, composite_probe_map, composite_verdict
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
 from models.train import train_or_load
@@ -80,7 +78,7 @@ for name, run in runs.items():
 
 # %%
 for name, run in runs.items():
-    display(HTML(f"<h3>{name}</h3>" + figure_html(plots.composite_curves(run.metrics))))
+    display(HTML(f"<h3>{name}</h3>" + figure_html(composite_curves(run.metrics))))
 
 # %% [markdown]
 # ## Verdicts side by side

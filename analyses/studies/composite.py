@@ -26,9 +26,13 @@ from analyses.study import Study, StudyContext
 from analyses.sweep import CellResult, grid_cells, grid_points
 from interp.complexity import embedding_spectrum, leading_share, query_condensation
 from interp.patching import logit_diff_metric, patch_residual
-from interp.probes import composite_probe_map
 from interp.report import figure_html, table_html
-from interp.solutions import classify_composite, composite_verdict, held_out_on_training_keys
+from interp.tasks.composite import (
+    classify_composite,
+    composite_probe_map,
+    composite_verdict,
+    held_out_on_training_keys,
+)
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
 from models.runs import LoadedRun, load_run

@@ -44,9 +44,16 @@ from interp import plots
 from interp.analysis import counterfactual_pairs
 from interp.attention import attention_patterns, classify_heads, mass_on_keys
 from interp.patching import logit_diff_metric, patch_head_out
-from interp.probes import lego_probe_map, percolation_summary, resolved_depths
 from interp.report import figure_html, table_html
-from interp.solutions import last_learned_before_middle, learned_steps, lego_parity_rules
+from interp.tasks.lego import (
+    last_learned_before_middle,
+    learned_steps,
+    lego_curves,
+    lego_parity_rules,
+    lego_probe_map,
+    percolation_summary,
+    resolved_depths,
+)
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.curriculum import LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT, Curriculum, Stage
 from models.presets import get_preset
@@ -238,7 +245,7 @@ def curves_html(ctx: StudyContext, name: str, cfg: RunConfig, caption: str) -> s
     metrics = read_metrics(pool_dir(ctx) / name)
     if not metrics:
         return f"<p>{html.escape(name)}: no metrics (the cell failed).</p>"
-    return figure_html(plots.lego_curves(metrics, supervised_mask(cfg)), caption)
+    return figure_html(lego_curves(metrics, supervised_mask(cfg)), caption)
 
 
 def accuracy_rows(ctx: StudyContext, cells: dict[Cell, RunConfig]) -> tuple[list[list[Any]], dict[str, list[float]]]:
@@ -345,7 +352,7 @@ def _rules_section(rules: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
         [[n, *[f"{r['rule']} ({r['agreement']:.2f})" for r in model_rules]] for n, model_rules in rules.items()],
         ["model", *[f"#{i}" for i in range(n_vars)]])
         + "<p>Per variable, the parity of root value x0 and chain elements g0, g1, ... that the model's test "
-          "answers agree with most (share in brackets; <code>interp.solutions.lego_parity_rules</code>). The "
+          "answers agree with most (share in brackets; <code>interp.tasks.lego.lego_parity_rules</code>). The "
           "true value of #k is x0 + g0 + ... + gk.</p>")
 
 

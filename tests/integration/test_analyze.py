@@ -197,9 +197,10 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     from interp.attention import HeadScores
     from interp.circuit import Circuit
     from interp.patching import PatchResult
-    from interp.probes import CompositeProbeMap, ProbeMap
     from interp.run_report import build_run_report
-    from interp.solutions import CompositeVerdict, LegoVerdict, TemplatesVerdict
+    from interp.tasks.composite import CompositeProbeMap, CompositeVerdict
+    from interp.tasks.lego import LegoVerdict, ProbeMap
+    from interp.tasks.templates import TemplatesVerdict
     from models.runs import load_run
 
     out = tmp_path / task

@@ -143,7 +143,7 @@ def test_measure_reads_a_sweeps_cells_like_the_phase_study(tmp_path, capsys):
 
     from analyses.studies.composite import main
     from analyses.sweep import run_sweep
-    from interp.solutions import composite_verdict
+    from interp.tasks.composite import composite_verdict
     from models.runs import load_run
     from tests.helpers import tiny_composite_run
 

@@ -6,20 +6,16 @@ from jaxtyping import install_import_hook
 
 # conftest checks the jaxtyping shapes of the modules it imports; probes is not among them yet
 with install_import_hook("interp.probes", "beartype.beartype"):
-    from interp.probes import (
-        ProbeSet,
-        composite_probe_map,
-        first_layer_reaching,
-        fit_probes,
-        lego_probe_map,
-        percolation_fit,
-        percolation_summary,
-        probe_grid,
-        residual_streams,
-        residuals_at,
-    )
+    from interp.probes import ProbeSet, fit_probes, probe_grid, residual_streams, residuals_at
 
-from interp.analysis import _percolation_findings  # noqa: E402
+from interp.tasks.composite import composite_probe_map  # noqa: E402
+from interp.tasks.lego import (  # noqa: E402
+    _percolation_findings,
+    first_layer_reaching,
+    lego_probe_map,
+    percolation_fit,
+    percolation_summary,
+)
 from models.factory import build_model  # noqa: E402
 from tasks import CompositeConfig, CompositeTask, LegoConfig, LegoTask  # noqa: E402
 from tests.helpers import TINY_MODEL, tiny_composite_run  # noqa: E402

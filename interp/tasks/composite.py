@@ -1,0 +1,311 @@
+"""The composite task's analysis: the verdict (which solution: inferential, symmetric, mixed or
+unlearned, from the held-out pair's answers on test keys; "unlearned" when seen-pair accuracy is
+below 90%), with its evidence (attention from the last token to key and anchors and from the
+anchors to the key, per layer; cosine similarity of last-token representations for equal
+targets from different pairs; the circuit graph's route to the logits), the probe map of where
+the key, the first composition and the answer are readable, the report's sections and curves,
+and `composite-cpu` as the task's default preset. Registered with
+`interp.analysis.register_analysis` at the end of the file.
+
+Shape glossary: layer = residual streams (interp.probes), site = positions read per sample,
+quantity = composite targets, label = 1 (the last position).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import einops
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from interp import plots
+from interp.analysis import (
+    TaskAnalysis,
+    _named_chain,
+    predictions,
+    register_analysis,
+    table_verdict_html,
+    without_unset,
+)
+from interp.attention import attention_patterns
+from interp.circuit import Circuit, chains_to_logits
+from interp.probes import ProbeSet, layer_names, probe_grid, rounded
+from interp.report import table_html
+from models.presets import composite_cpu, register_preset
+from models.runs import LoadedRun
+from tasks import Batch, CompositeTask, seeded_generator
+from tasks.base import uniform_choice
+
+SEEN_ACCURACY_TO_COUNT = 0.9  # below it a composite cell counts as not learned (PAPERS.md)
+COMPOSITE_SITES = ("key", "anchor1", "anchor2", "last")
+COMPOSITE_QUANTITIES = ("key", "intermediate", "target")
+
+
+# ---------------------------------------------------------------------------------------------
+# The verdict
+
+
+@dataclass
+class CompositeVerdict:
+    verdict: str  # inferential | symmetric | mixed | unlearned
+    seen_accuracy: float
+    held_out_inferential: float
+    held_out_symmetric: float
+    held_out_other: float
+    attention_flow: dict[str, list[float]] = field(default_factory=dict)  # per layer, head-averaged
+    cosine_same_target: float | None = None
+    cosine_different_target: float | None = None
+    route: str | None = None  # the circuit graph's longest path to the logits (interp.analysis), where drawn
+    # per key position (0 .. seq_len-3): the held-out rates of the inferential and symmetric answers
+    # (None where no sequence had its key there); a solution can differ by where the pair sits
+    held_out_by_key_position: dict[str, list[float | None]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return without_unset(asdict(self), ("route",))
+
+
+def composite_verdict(model: HookedTransformer, task: CompositeTask, n: int = 2000, seed: int = 0) -> CompositeVerdict:
+    """The held-out answer rates on test keys, with the mechanism evidence."""
+    gen = seeded_generator(seed)
+    seen = task.sample(n, gen, split="test", pair_ids=_trained_pairs(task, n, gen))
+    held = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen))
+    seen_acc = (predictions(model, seen) == seen.labels).float().mean().item()
+    pred = predictions(model, held)[:, 0]
+    inf = (pred == held.latents["inferential"]).float().mean().item()
+    sym = (pred == held.latents["symmetric"]).float().mean().item()
+    same, different = last_token_similarity(model, task, seen, gen)
+    return CompositeVerdict(
+        verdict=classify_composite(seen_acc, inf, sym), seen_accuracy=round(seen_acc, 4),
+        held_out_inferential=round(inf, 4), held_out_symmetric=round(sym, 4), held_out_other=round(1 - inf - sym, 4),
+        attention_flow=composite_attention_flow(model, held), cosine_same_target=round(same, 4),
+        cosine_different_target=round(different, 4),
+        held_out_by_key_position={name: _rate_by_key_position(pred, held, name, task.n_key_positions)
+                                  for name in ("inferential", "symmetric")},
+    )
+
+
+def held_out_on_training_keys(model: HookedTransformer, task: CompositeTask, n: int = 2000, seed: int = 0
+                              ) -> dict[str, Any]:
+    """The held-out pair's answer rates with keys of the *training* split: the pair is unseen, the
+    (key, position) combinations are not. The composite paper's public code reports this reading
+    (its test-key reading is only logged); `composite_verdict` reads test keys, new pair and new
+    keys at once."""
+    gen = seeded_generator(seed + 1)
+    held = task.sample(n, gen, split="train", pair_ids=_held_out_pairs(task, n, gen))
+    pred = predictions(model, held)[:, 0]
+    rates = {a: round((pred == held.latents[a]).float().mean().item(), 4) for a in ("inferential", "symmetric")}
+    return {"train_keys_inferential": rates["inferential"], "train_keys_symmetric": rates["symmetric"],
+            "train_keys_by_key_position": {a: _rate_by_key_position(pred, held, a, task.n_key_positions)
+                                           for a in ("inferential", "symmetric")}}
+
+
+def _rate_by_key_position(pred: Int[Tensor, " batch"], held: Batch, answer: str, n_positions: int) -> list[float | None]:
+    """Per key position, the share of `pred` equal to the `answer` latent (None: no sequence there)."""
+    positions = held.latents["key_pos"]
+    rates = []
+    for p in range(n_positions):
+        here = positions == p
+        rates.append(round((pred[here] == held.latents[answer][here]).float().mean().item(), 4) if here.any() else None)
+    return rates
+
+
+def classify_composite(seen_accuracy: float, inferential: float, symmetric: float) -> str:
+    if seen_accuracy < SEEN_ACCURACY_TO_COUNT:
+        return "unlearned"
+    if inferential > 0.5:
+        return "inferential"
+    if symmetric > 0.5:
+        return "symmetric"
+    return "mixed"
+
+
+def _trained_pairs(task: CompositeTask, n: int, gen: torch.Generator) -> Tensor:
+    ids = (~task.is_held_out).nonzero()[:, 0]
+    return ids[torch.randint(len(ids), (n,), generator=gen)]
+
+
+def _held_out_pairs(task: CompositeTask, n: int, gen: torch.Generator) -> Tensor:
+    ids = task.is_held_out.nonzero()[:, 0]
+    if len(ids) == 0:
+        raise ValueError("the task has no held-out pair; set task.held_out")
+    return ids[torch.randint(len(ids), (n,), generator=gen)]
+
+
+@torch.no_grad()
+def composite_attention_flow(model: HookedTransformer, batch: Batch) -> dict[str, list[float]]:
+    """Per layer, head-averaged attention: last token -> key, anchor 1, anchor 2; anchor 1 and
+    anchor 2 -> key."""
+    device = next(model.parameters()).device
+    patterns = attention_patterns(model, batch.tokens.to(device)).mean(2).cpu()  # [layer, batch, q, k]
+    key = batch.latents["key_pos"]
+    rows, last = torch.arange(len(batch)), batch.tokens.shape[1] - 1
+    read = lambda q, k: patterns[:, rows, q, k].mean(-1).round(decimals=4).tolist()  # noqa: E731
+    return {
+        "last->key": read(last, key), "last->anchor1": read(last, key + 1), "last->anchor2": read(last, key + 2),
+        "anchor1->key": read(key + 1, key), "anchor2->key": read(key + 2, key),
+    }
+
+
+@torch.no_grad()
+def last_token_similarity(model: HookedTransformer, task: CompositeTask, batch: Batch, gen: torch.Generator) -> tuple[float, float]:
+    """Mean cosine similarity of the final last-token residual between each input and a twin
+    with another trained pair and a key chosen so that the target is the same; and, as a
+    baseline, with a twin whose key gives a different target."""
+    latents = dict(batch.latents)
+    other = _other_trained_pair(task, latents["pair"], gen)
+    same_key = latents["key"] + task.trained_shift[latents["pair"]] - task.trained_shift[other]
+    in_range = (same_key >= task.cfg.value_min) & (same_key <= task.cfg.value_max)
+    same_key = same_key.clamp(task.cfg.value_min, task.cfg.value_max)
+    other_key = torch.where(same_key + 7 <= task.cfg.value_max, same_key + 7, same_key - 7)  # target moves by 7
+    twin = task.build({**latents, "pair": other, "key": same_key})
+    shifted = task.build({**latents, "pair": other, "key": other_key})
+    base = _last_residual(model, batch.tokens)
+    same = F.cosine_similarity(base, _last_residual(model, twin.tokens), dim=-1)[in_range].mean().item()
+    different = F.cosine_similarity(base, _last_residual(model, shifted.tokens), dim=-1)[in_range].mean().item()
+    return same, different
+
+
+def _other_trained_pair(task: CompositeTask, pair: Tensor, gen: torch.Generator) -> Tensor:
+    allowed = ~task.is_held_out.unsqueeze(0) & (torch.arange(len(task.pairs)).unsqueeze(0) != pair.unsqueeze(1))
+    return uniform_choice(allowed, gen)
+
+
+def _last_residual(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_model"]:
+    device = next(model.parameters()).device
+    name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    _, cache = model.run_with_cache(tokens.to(device), names_filter=name)
+    return cache[name][:, -1].cpu()
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes: where the key, the first composition and the answer are readable
+
+
+@dataclass
+class CompositeProbeMap:
+    """Composite probe accuracy per (layer, site, quantity).
+
+    sites: the key's position, the first and second anchor's positions, the last position.
+    quantities: the key x, the intermediate g(x; a1) = x + shift(a1), and the target (label).
+    chance: per quantity, 1 / the number of distinct values it takes in the probes' training set.
+    """
+
+    accuracy: Float[Tensor, "layer site quantity"]
+    train_accuracy: Float[Tensor, "layer site quantity"]
+    layer_names: list[str]
+    site_names: list[str]
+    quantity_names: list[str]
+    chance: list[float]
+    majority: list[float]  # per quantity, test accuracy of always answering the most frequent class
+    n_train: int
+    n_test: int
+    split: str
+    method: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "accuracy": rounded(self.accuracy), "train_accuracy": rounded(self.train_accuracy),
+            "layer_names": self.layer_names, "site_names": self.site_names, "quantity_names": self.quantity_names,
+            "chance": [round(c, 5) for c in self.chance], "majority": [round(m, 4) for m in self.majority],
+            "n_train": self.n_train, "n_test": self.n_test,
+            "split": self.split, "method": self.method, "seconds": round(self.seconds, 3),
+        }
+
+    def at(self, site: str, quantity: str) -> Float[Tensor, " layer"]:
+        """Accuracy across layers of one (site, quantity) probe, by name."""
+        return self.accuracy[:, self.site_names.index(site), self.quantity_names.index(quantity)]
+
+
+def composite_quantities(task: CompositeTask, batch: Batch) -> Int[Tensor, "batch quantity"]:
+    """The key x, g(x; a1) and the label, in the order of COMPOSITE_QUANTITIES."""
+    shifts = torch.tensor(task.cfg.shifts)
+    first_anchor = torch.tensor(task.pairs)[batch.latents["pair"], 0]
+    key = batch.latents["key"]
+    return torch.stack([key, key + shifts[first_anchor - 1], batch.labels[:, 0]], dim=-1)
+
+
+def composite_probe_set(task: CompositeTask, batch: Batch) -> ProbeSet:
+    key_pos = batch.latents["key_pos"]
+    last = torch.full_like(key_pos, task.cfg.seq_len - 1)
+    positions = torch.stack([key_pos, key_pos + 1, key_pos + 2, last], dim=-1)
+    targets = einops.repeat(composite_quantities(task, batch), "batch quantity -> batch site quantity",
+                            site=len(COMPOSITE_SITES))
+    return ProbeSet(batch.tokens, positions, targets, torch.ones_like(positions, dtype=torch.bool))
+
+
+def composite_probe_map(
+    model: HookedTransformer, task: CompositeTask, n_train: int = 4000, n_test: int = 2000, seed: int = 0,
+    split: str = "train", method: str = "lda",
+) -> CompositeProbeMap:
+    """Where the key, g(key; a1) and the target are linearly readable: at the key, at each anchor
+    and at the last position, layer by layer. Classes are token values (~100), hence LDA.
+
+    Probes are fitted on `n_train` sequences drawn with `seed` and scored on `n_test` fresh ones
+    drawn with `seed + 1`, both from the task's `split` ("train": seen pairs and training keys).
+    """
+    start = time.perf_counter()
+    train_batch = task.sample(n_train, seeded_generator(seed), split)
+    train = composite_probe_set(task, train_batch)
+    test = composite_probe_set(task, task.sample(n_test, seeded_generator(seed + 1), split))
+    grid = probe_grid(model, train, test, task.d_vocab_out, method)
+    chance = [1 / len(values.unique()) for values in composite_quantities(task, train_batch).T]
+    return CompositeProbeMap(grid.accuracy, grid.train_accuracy, layer_names(model), list(COMPOSITE_SITES),
+                             list(COMPOSITE_QUANTITIES), chance, grid.majority[0].tolist(), n_train, n_test, split,
+                             method, time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------------------------------
+# workbench analyze and the report
+
+
+def _composite_findings(run: LoadedRun, seed: int) -> tuple[CompositeProbeMap, CompositeVerdict]:
+    return composite_probe_map(run.model, run.task, seed=seed), composite_verdict(run.model, run.task, seed=seed)
+
+
+def _composite_circuit_findings(verdict: CompositeVerdict, circuit: Circuit, labels: dict[str, str],
+                                planted: set[str]) -> CompositeVerdict:
+    """The route to the answer: the circuit's longest path to the logits."""
+    chains = chains_to_logits(circuit.edges)
+    route = _named_chain(chains[0], labels, planted) if chains else "no circuit edge reaches the logits"
+    return dataclasses.replace(verdict, route=route)
+
+
+def _composite_probes_html(probes: dict[str, Any]) -> str:
+    rows = []
+    for site_index, site in enumerate(probes["site_names"]):
+        for quantity_index, quantity in enumerate(probes["quantity_names"]):
+            rows.append([site, quantity, *[round(layer[site_index][quantity_index], 3) for layer in probes["accuracy"]]])
+    header = ["site", "quantity", *probes["layer_names"]]
+    return "<p>Linear probe accuracy per layer.</p>" + table_html(rows, header)
+
+
+def composite_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
+    """Seen-pair accuracy and the held-out pair's inferential/symmetric rates over steps, and loss."""
+    records = [m for m in metrics if "acc_seen" in m]
+    steps = [m["step"] for m in records]
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax_acc.plot(steps, [m["acc_seen"] for m in records], label="seen pairs (test keys)")
+    if records and "held_out_inferential" in records[-1]:
+        ax_acc.plot(steps, [m.get("held_out_inferential") for m in records], label="held-out: inferential")
+        ax_acc.plot(steps, [m.get("held_out_symmetric") for m in records], label="held-out: symmetric")
+    ax_acc.set(xlabel="step", ylabel="rate", ylim=(0.0, 1.02), title="accuracy and held-out answers")
+    ax_acc.legend(fontsize=8)
+    plots.loss_panel(ax_loss, records)
+    fig.tight_layout()
+    return fig
+
+
+register_analysis("composite", TaskAnalysis(
+    _composite_findings, lambda verdict: verdict.verdict, table_verdict_html, _composite_probes_html,
+    lambda run: composite_curves(run.metrics),
+    "Seen-pair accuracy on test keys, and the answers on the held-out pair.", _composite_circuit_findings))
+register_preset("composite-cpu", composite_cpu, default_for="composite")

@@ -1,0 +1,74 @@
+"""The templates task's analysis: the verdict (accuracy on strings of training symbols and of
+symbols never seen in training: generalises, memorises or unlearned), the report's curves, and
+`templates-cpu` as the task's default preset. No probe map. Registered with
+`interp.analysis.register_analysis` at the end of the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import matplotlib.pyplot as plt
+from transformer_lens import HookedTransformer
+
+from interp import plots
+from interp.analysis import TaskAnalysis, predictions, register_analysis, table_verdict_html
+from models.presets import register_preset, templates_cpu
+from models.runs import LoadedRun
+from tasks import TemplatesTask, seeded_generator
+
+LEARNED_ACCURACY = 0.95  # the accuracy from which a split counts as learned (as a LEGO variable)
+
+
+@dataclass
+class TemplatesVerdict:
+    verdict: str  # generalises | memorises | unlearned
+    accuracy: dict[str, float]  # per split of the symbol alphabet: train, val, test
+    chance: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def templates_verdict(model: HookedTransformer, task: TemplatesTask, n: int = 2000, seed: int = 0,
+                      threshold: float = LEARNED_ACCURACY) -> TemplatesVerdict:
+    """Accuracy on strings of training symbols and of symbols never seen in training. A model
+    that reaches `threshold` on both generalises; on training symbols only, it memorises."""
+    gen = seeded_generator(seed)
+    accuracy = {}
+    for split in ("train", "val", "test"):
+        batch = task.sample(n, gen, split=split)
+        accuracy[split] = round((predictions(model, batch) == batch.labels).float().mean().item(), 4)
+    if accuracy["train"] < threshold:
+        verdict = "unlearned"
+    else:
+        verdict = "generalises" if accuracy["test"] >= threshold else "memorises"
+    return TemplatesVerdict(verdict, accuracy, round(task.chance_accuracy(), 4))
+
+
+def _templates_findings(run: LoadedRun, seed: int) -> tuple[None, TemplatesVerdict]:
+    return None, templates_verdict(run.model, run.task, seed=seed)
+
+
+def templates_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
+    """Test accuracy (symbols never seen in training) over steps, per class where there are
+    classes, and loss."""
+    records = [m for m in metrics if "acc" in m]
+    steps = [m["step"] for m in records]
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for key, label in (("acc", "all"), ("acc_same", "same"), ("acc_different", "different")):
+        if records and key in records[-1]:
+            ax_acc.plot(steps, [m.get(key) for m in records], label=label)
+    ax_acc.set(xlabel="step", ylabel="test accuracy", ylim=(0.0, 1.02), title="accuracy on unseen symbols")
+    ax_acc.legend(fontsize=8)
+    plots.loss_panel(ax_loss, records)
+    fig.tight_layout()
+    return fig
+
+
+register_analysis("templates", TaskAnalysis(
+    _templates_findings, lambda verdict: f"{verdict.verdict} (accuracy per symbol split {verdict.accuracy})",
+    table_verdict_html, None, lambda run: templates_curves(run.metrics),
+    "Accuracy on strings of test symbols, never seen in training."))
+register_preset("templates-cpu", templates_cpu, default_for="templates")

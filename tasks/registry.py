@@ -1,0 +1,66 @@
+"""The task registry: every task module of `tasks/` registers its config and task classes when it
+is imported (`register_task` at its end), and `tasks/__init__.py` imports every module of the
+package, so a new task is a new file and nothing else here. The config loader (the task section
+of config.json), the trainer and the command line read the registry.
+
+A task's analysis (verdict, probes, report sections, default preset) lives in `interp/tasks/`,
+registered the same way there (`interp.analysis.register_analysis`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from tasks.base import ConfigError, Task
+
+
+@runtime_checkable
+class TaskConfig(Protocol):
+    """What every task's config is: a dataclass whose fields are the task section of config.json,
+    with `name`, the name its task is registered under (the field's default)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class RegisteredTask:
+    name: str
+    config: type  # a dataclass implementing TaskConfig, built from the task section
+    task: type  # a class implementing tasks.Task, built from the config: task(config)
+
+
+_TASKS: dict[str, RegisteredTask] = {}
+
+
+def register_task(name: str, config_cls: type, task_cls: type) -> None:
+    """Make `name` a task: `{"task": {"name": name, ...}}` builds `config_cls(...)`, and
+    `make_task` turns that into `task_cls(config)`. The config's `name` field defaults to `name`."""
+    known = _TASKS.get(name)
+    if known is not None and (known.config, known.task) != (config_cls, task_cls):
+        raise RuntimeError(f"two tasks are named {name!r}: {known.task.__module__}.{known.task.__name__} and "
+                           f"{task_cls.__module__}.{task_cls.__name__}")
+    default = {f.name: f.default for f in dataclasses.fields(config_cls)}.get("name") \
+        if dataclasses.is_dataclass(config_cls) else None
+    if default != name:
+        raise RuntimeError(f"task {name!r}: {config_cls.__name__} must be a dataclass whose field `name` defaults "
+                           f"to {name!r}")
+    _TASKS[name] = RegisteredTask(name, config_cls, task_cls)
+
+
+def task_names() -> list[str]:
+    """The registered tasks, sorted."""
+    return sorted(_TASKS)
+
+
+def registered_task(name: object) -> RegisteredTask:
+    """The task registered as `name` (any value read from a config: it is checked here);
+    ConfigError naming the known ones where there is none."""
+    if not isinstance(name, str) or name not in _TASKS:
+        raise ConfigError(f"task.name={name!r} is unknown; it must be a string, one of {task_names()}")
+    return _TASKS[name]
+
+
+def make_task(cfg: TaskConfig) -> Task:
+    """The task object a config describes."""
+    return registered_task(cfg.name).task(cfg)

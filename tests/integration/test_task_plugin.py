@@ -1,0 +1,51 @@
+"""A task is a plugin: the toy modular-sum task is two files, tasks/modsum.py (data) and
+interp/tasks/modsum.py (analysis, default preset), named nowhere else, and `workbench train`,
+`analyze` and `report` take it like any built-in task."""
+
+import json
+import os
+from pathlib import Path
+
+from analyses.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = "modsum"
+TOY_FILES = {Path("tasks") / f"{TOY}.py", Path("interp") / "tasks" / f"{TOY}.py"}
+TINY = ["--set", "train.steps=12", "--set", "train.batch_size=16", "--set", "train.eval_every=6",
+        "--set", "train.eval_size=64", "--set", "train.warmup_steps=2", "--no-progress"]
+
+
+def test_a_task_of_its_own_files_trains_analyses_and_reports(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--task", TOY, "--out", str(out), *TINY]) == 0
+    assert main(["analyze", str(out), "--samples", "32"]) == 0
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert analysis["task"] == TOY and analysis["probes"] is None
+    assert set(analysis["verdict"]) == {"verdict", "accuracy", "chance"}
+    assert set(analysis["patching"]) >= {"residual", "heads", "heads_attribution", "paths"}
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert f"&quot;name&quot;: &quot;{TOY}&quot;" in page or f'"name": "{TOY}"' in page  # the configuration
+    assert "<h2>Verdict</h2>" in page and "Test accuracy on fresh sums" in page  # its own sections
+
+
+def test_an_unknown_task_is_exit_2_naming_the_registered_ones(tmp_path, capsys):
+    assert main(["train", "--task", "chess", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "--task 'chess' is unknown" in err and all(name in err for name in ("lego", "composite", "templates", TOY))
+    assert not (tmp_path / "run").exists()
+
+
+def test_no_other_python_file_names_the_toy_task():
+    """Adding the task touched its two files and nothing else: no list, dict or import elsewhere."""
+    this = Path(__file__).resolve()
+    naming = []
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".") and d != "__pycache__"
+                         and not d.endswith(".egg-info")]
+        for name in files:
+            path = Path(folder) / name
+            if name.endswith(".py") and path.resolve() != this and TOY in path.read_text(errors="replace"):
+                naming.append(path.relative_to(ROOT))
+    assert set(naming) == TOY_FILES, f"files naming {TOY!r}: {sorted(map(str, naming))}"
