@@ -11,12 +11,47 @@ input, so the set's faithfulness,
     (m_kept - m_corrupted) / (m_clean - m_corrupted),
 
 is 1 with every head kept, and with none kept it is what the heads do not carry. Both ablations
-share that scale (0 = the corrupted run), so they can be read side by side: the circuit is chosen
-under resample ablation, and `Circuit.faithfulness_mean` measures the same heads under mean
-ablation, a check that the set does not depend on which corrupted value stood in. Heads join in
-the order of their exact patching effect (largest |effect| first) until the faithfulness reaches
-the target (0.9 by default); the whole curve is returned, so a circuit that never reaches it
-says so.
+share that scale (0 = the corrupted run), so they can be read side by side. Heads join in the
+order of their exact patching effect (largest |effect| first); the curve (faithfulness of the
+first k heads, k = 0..N) is measured under both ablations (`Circuit.curves`; `curve` is
+`ablation`'s), and the circuit is the first k chosen by `rule`:
+
+  "first" (the default)  the curve under `ablation` reaches the target (0.9 by default) at k
+  "stays"                the curve under `ablation` reaches the target at k and stays there for
+                         every larger prefix
+  "both"                 the curves under both ablations reach the target at k
+
+"first" is fooled by cancellation. Two heads whose corrupted outputs both flip a sign that a
+later head multiplies (one feeds its query, one its key) cancel when resampled together, so the
+prefix holding only the later head already "keeps 100%" and the heads feeding it are left out
+(tests/data/circuits/cancellation: "first" keeps 1 of its 4 heads, curve 0, 1.0, 0.5, 0.5, 1.0,
+...). Heads join one at a time, so on the way to the whole model a prefix holds one head of the
+pair and not the other, and the cancellation breaks: the curve dips, and "stays" does not stop
+before the dip (it keeps all 4, and every edge of the chain). "both" catches this case too (mean
+ablation sets the sign to 0: faithfulness 0.75), but mean ablation asks another question,
+whether a head is needed at all rather than whether it carries the clean/corrupted difference,
+and on trained models it answers "every head": on the zoo's lego-three-hops (64 pairs) the mean
+curve stays near 0.5 until the last of its 16 heads joins, so "both" keeps 16 heads where
+"first" and "stays" keep 3 (lego-association: 13 against 5; lego-planted and
+composite-inferential: the same under every rule). "stays" is the rule to use against
+cancellation. It is not the default: on an untrained model, whose curve swings far above and
+below 1, it keeps more heads than "first", and the pinned analysis.json of such a run
+(tests/integration/test_analyze.py, tests/data/analysis-9f7496e-lego.json) then gains circuit
+edges where it had none, which that test's key tree reads as a changed format. The circuit
+keeps its curves, so `Circuit.sizes_by_rule()` says what each rule would have kept (a circuit
+whose rules disagree is one to read with care). The mean-ablation faithfulness of the chosen
+heads is reported beside the curve (`Circuit.faithfulness_mean`). A circuit that never reaches
+the target is the whole model, and says so (`reached`).
+
+Faithfulness over circuit size, as MIB (Mueller et al. 2025) scores circuits: with x = k / N
+the share of the model's heads kept (the first k of the order), CPR is the area under the
+faithfulness curve and CMD the area under |1 - faithfulness|, on [0, 1] (piecewise linear
+between measured sizes): CPR 1 and CMD 0 for a model whose smallest circuits are already
+faithful. Likewise over edges: every head kept and only the k edges of the whole model with the
+largest |path patching effect| (`Circuit.edge_curve`, every k up to DENSE_EDGES edges, a grid of
+fractions beyond). `Circuit.cpr`, `.cmd`, `.edge_cpr`, `.edge_cmd`, `.areas()`. The curves and
+areas are attributes only: `Circuit.to_dict()` keeps the keys analysis.json has had (a pinned
+key tree), so they are not written there.
 
 Edges are then ablated too (`edge_faithfulness`, pre-LN models). An edge is a kept head's output
 reaching a later kept head's query, key or value input ("L1H3" -> "L2H0.v"), or reaching the
@@ -27,8 +62,11 @@ q/k/v inputs, `use_split_qkv_input`). Paths through MLPs are not edges: MLPs rea
 it flows, like the embeddings. Starting from every edge among the kept heads, edges are dropped
 greedily, weakest path-patching effect first, while the faithfulness stays at the target; the
 edges left, their faithfulness under resample and under mean ablation, and the faithfulness with
-every edge ablated are the circuit's. Greedy, so the edge set is small, not proven minimal. Where
-path patching is refused (post-LN, identity-augmented attention), there are no edges.
+every edge ablated are the circuit's; under `rule="both"` an edge is dropped only while the mean
+ablation's faithfulness stays at its target too. One edge is dropped at a time, each tried with
+every other edge left kept, so two edges that cancel cannot be dropped together: dropping either
+alone breaks the cancellation. Greedy, so the edge set is small, not proven minimal. Where path
+patching is refused (post-LN, identity-augmented attention), there are no edges.
 
 Shape glossary: batch = counterfactual pairs, pos, head_index, d_head.
 """
@@ -50,6 +88,10 @@ from interp.paths import INPUTS, PathPatchResult, check_path_patchable
 
 TARGET = 0.9
 ABLATIONS = ("resample", "mean")
+RULES = ("first", "stays", "both")  # how the circuit's size is chosen from the curves (module doc)
+DENSE_EDGES = 128  # the edge curve measures every size up to this many edges in the model, a grid beyond
+EDGE_FRACTIONS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+_NOT_WRITTEN = ("curves", "rule", "edge_sizes", "edge_curve", "n_edges")  # attributes, not analysis.json keys
 
 
 @dataclass
@@ -68,13 +110,83 @@ class Circuit:
     edge_faithfulness_mean: float | None = None  # the same, mean ablation
     no_edge_faithfulness: float | None = None  # of `nodes` with every edge among them ablated
     candidate_edges: int = 0  # edges among the kept heads before pruning
+    # not in to_dict (_NOT_WRITTEN): the key tree of analysis.json is pinned
+    curves: dict[str, list[float]] = field(default_factory=dict)  # ablation -> faithfulness of the first k heads
+    rule: str = "first"  # how the size was chosen (RULES, module doc)
+    edge_sizes: list[int] = field(default_factory=list)  # k: every head kept, only the k strongest edges
+    edge_curve: list[float] = field(default_factory=list)  # faithfulness at each of edge_sizes, under `ablation`
+    n_edges: int = 0  # edges in the whole model (the edge curve's x axis is k / n_edges); 0: no edge curve
 
     @property
     def reached(self) -> bool:
+        """Whether `nodes` reach the target: under every ablation measured (rule "both"), or
+        under `ablation` (the other rules)."""
+        if self.rule == "both" and self.curves:
+            return all(curve[len(self.nodes)] >= self.target for curve in self.curves.values())
         return self.faithfulness >= self.target
 
+    @property
+    def cpr(self) -> float:
+        """Area under the faithfulness curve over the share of heads kept (`ablation`'s; 1 is best)."""
+        return faithfulness_areas(self.curve)[0]
+
+    @property
+    def cmd(self) -> float:
+        """Area under |1 - faithfulness| over the share of heads kept (`ablation`'s; 0 is best)."""
+        return faithfulness_areas(self.curve)[1]
+
+    @property
+    def edge_cpr(self) -> float | None:
+        """CPR over the share of the model's edges kept, strongest path effect first (None: no edges)."""
+        return faithfulness_areas(self.edge_curve, self.edge_sizes, self.n_edges)[0] if self.n_edges else None
+
+    @property
+    def edge_cmd(self) -> float | None:
+        return faithfulness_areas(self.edge_curve, self.edge_sizes, self.n_edges)[1] if self.n_edges else None
+
+    def areas(self) -> dict[str, Any]:
+        """CPR and CMD of every curve: nodes per ablation, edges under `ablation` (None where path
+        patching gave no edges), rounded to 4 places."""
+        nodes = {name: dict(zip(("cpr", "cmd"), (round(v, 4) for v in faithfulness_areas(curve))))
+                 for name, curve in (self.curves or {self.ablation: self.curve}).items()}
+        edges = None if not self.n_edges else {
+            "ablation": self.ablation, "cpr": round(self.edge_cpr, 4), "cmd": round(self.edge_cmd, 4),
+            "n_edges": self.n_edges, "sizes": list(self.edge_sizes), "curve": list(self.edge_curve)}
+        return {"nodes": nodes, "edges": edges}
+
+    def sizes_by_rule(self) -> dict[str, int]:
+        """How many heads each rule of RULES keeps, from this circuit's curves (empty where the
+        circuit has none)."""
+        if not self.curves:
+            return {}
+        return {rule: circuit_size(self.curves, self.ablation, self.target, rule) for rule in RULES}
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "edges": [list(e) for e in self.edges], "reached": self.reached}
+        written = {key: value for key, value in asdict(self).items() if key not in _NOT_WRITTEN}
+        return {**written, "edges": [list(e) for e in self.edges], "reached": self.reached}
+
+
+def faithfulness_areas(values: Sequence[float], sizes: Sequence[int] | None = None,
+                       total: int | None = None) -> tuple[float, float]:
+    """(CPR, CMD) of a faithfulness curve measured at circuit sizes `sizes` (default 0, 1, ...,
+    len - 1) out of `total` (default the last size): the areas under f and under |1 - f| over
+    x = size / total in [0, 1], f linear between measured sizes (|1 - f| integrated exactly where
+    f crosses 1 between two sizes)."""
+    sizes = list(range(len(values))) if sizes is None else list(sizes)
+    total = sizes[-1] if total is None else total
+    if len(sizes) != len(values) or len(values) < 2 or total <= 0:
+        raise ValueError(f"a faithfulness curve needs two or more sizes, one value each, and a total > 0 "
+                         f"(got {len(sizes)} sizes, {len(values)} values, total {total})")
+    cpr = cmd = 0.0
+    for (k0, f0), (k1, f1) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
+        width = (k1 - k0) / total
+        cpr += width * (f0 + f1) / 2
+        d0, d1 = 1 - f0, 1 - f1
+        if d0 * d1 >= 0:
+            cmd += width * (abs(d0) + abs(d1)) / 2
+        else:  # f crosses 1 inside the segment: two triangles
+            cmd += width * (d0 * d0 + d1 * d1) / (2 * (abs(d0) + abs(d1)))
+    return cpr, cmd
 
 
 def head_name(layer: int, head: int) -> str:
@@ -189,44 +301,99 @@ def edge_faithfulness(
 def prune_edges(
     model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
     nodes: set[tuple[int, int]], strength: dict[tuple[str, str], float], target: float, ablation: str = "resample",
+    also: dict[str, float] | None = None,
 ) -> tuple[set[Edge], float]:
     """Drop edges among `nodes`, weakest |path effect| (`strength`, by edge name) first, while the
-    faithfulness stays >= `target`; return the edges left and their faithfulness."""
+    faithfulness stays >= `target`, and under each other ablation of `also` (ablation -> its
+    target) >= that target too; return the edges left and their faithfulness under `ablation`."""
     edges = set(candidate_edges(nodes))
     [current] = edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges], ablation)
     for edge in sorted(edges, key=lambda e: (abs(strength.get(edge_name(e), 0.0)), edge_name(e))):
         [without] = edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges - {edge}], ablation)
-        if without >= target:
+        if without >= target and all(
+                edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges - {edge}], other)[0] >= goal
+                for other, goal in (also or {}).items()):
             edges, current = edges - {edge}, without
     return edges, current
+
+
+def edge_curve_sizes(total: int) -> list[int]:
+    """The sizes the edge curve measures: every one up to DENSE_EDGES edges; beyond, 0..8 and a
+    grid of fractions (EDGE_FRACTIONS) of `total`, and `total`."""
+    if total <= DENSE_EDGES:
+        return list(range(total + 1))
+    return sorted({*range(9), *(round(total * f) for f in EDGE_FRACTIONS), total})
+
+
+@torch.no_grad()
+def edge_curve(
+    model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
+    strength: dict[tuple[str, str], float], ablation: str = "resample",
+) -> tuple[list[int], list[float], int]:
+    """Faithfulness with every head kept and only the k edges of the whole model (every head's
+    q/k/v inputs from earlier heads, every head's direct path to the logits) with the largest
+    |path effect| (`strength`), at each k of `edge_curve_sizes`: (sizes, values, number of edges)."""
+    heads = {(layer, head) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)}
+    ranked = sorted(candidate_edges(heads), key=lambda e: (-abs(strength.get(edge_name(e), 0.0)), edge_name(e)))
+    sizes = edge_curve_sizes(len(ranked))
+    values = edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, heads, [set(ranked[:k]) for k in sizes],
+                               ablation)
+    return sizes, values, len(ranked)
+
+
+def circuit_size(curves: dict[str, Sequence[float]], ablation: str, target: float, rule: str) -> int:
+    """The number of heads `rule` keeps, from the faithfulness of every prefix (k = 0..N) under
+    each ablation (`curves`); N where no prefix qualifies."""
+    if rule not in RULES:
+        raise ValueError(f"rule {rule!r} is unknown; use one of {RULES}")
+    curve = list(curves[ablation])
+    if rule == "stays":
+        size = len(curve)
+        while size > 0 and curve[size - 1] >= target:
+            size -= 1
+        return min(size, len(curve) - 1)
+    judged = [min(values) for values in zip(*curves.values())] if rule == "both" else curve
+    return next((k for k, value in enumerate(judged) if value >= target), len(curve) - 1)
 
 
 def find_circuit(
     model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
     head_effects: Tensor, paths: PathPatchResult | None, target: float = TARGET, ablation: str = "resample",
+    rule: str = "first",
 ) -> Circuit:
-    """The smallest prefix of heads, by |exact effect| (`head_effects` [layer head]), whose
-    faithfulness under `ablation` reaches `target`; the same heads' faithfulness under mean
-    ablation (a cross-check); and, given path patching's `paths`, the edges among them that keep
-    the target (`prune_edges`; when the heads fall short of it, the edges that keep what the heads
-    keep), measured under both ablations."""
+    """The smallest prefix of heads, by |exact effect| (`head_effects` [layer head]), that `rule`
+    accepts (module doc: "first", the default, the first prefix whose faithfulness under
+    `ablation` reaches `target`; "stays", the first from which it stays there, which a
+    cancelling pair does not fool; "both", under both ablations); the curve of every prefix under each
+    ablation; and, given path patching's `paths`, the edges among the kept heads that keep the
+    target (`prune_edges`, under both ablations with rule "both"; when the heads fall short of
+    it, the edges that keep what the heads keep), measured under both ablations, and the
+    faithfulness curve over the whole model's edges (`edge_curve`)."""
+    if rule not in RULES:
+        raise ValueError(f"rule {rule!r} is unknown; use one of {RULES}")
     n_layers, n_heads = head_effects.shape
     order = sorted(((layer, head) for layer in range(n_layers) for head in range(n_heads)),
                    key=lambda lh: -abs(head_effects[lh].item()))
     prefixes = [set(order[:k]) for k in range(len(order) + 1)]
-    curve = kept_faithfulness(model, clean_tokens, corrupted_tokens, metric, prefixes, ablation)
-    size = next((k for k, value in enumerate(curve) if value >= target), len(order))
-    mean = curve[size] if ablation == "mean" else \
-        kept_faithfulness(model, clean_tokens, corrupted_tokens, metric, [prefixes[size]], "mean")[0]
+    measured = (ablation, *(other for other in ABLATIONS if other != ablation))  # `ablation` first: checked first
+    curves = {name: kept_faithfulness(model, clean_tokens, corrupted_tokens, metric, prefixes, name) for name in measured}
+    curve = curves[ablation]
+    size = circuit_size(curves, ablation, target, rule)
     nodes = [head_name(*lh) for lh in order[:size]]
     circuit = Circuit(nodes, [], round(curve[size], 4), target, [round(c, 4) for c in curve],
-                      [head_name(*lh) for lh in order], ablation, round(mean, 4))
-    if paths is None or not nodes:
+                      [head_name(*lh) for lh in order], ablation, round(curves["mean"][size], 4),
+                      curves={name: [round(c, 4) for c in values] for name, values in curves.items()}, rule=rule)
+    if paths is None:
+        return circuit
+    strength = {(s, r): v for s, r, v in paths.strongest(k=None)}
+    sizes, values, total = edge_curve(model, clean_tokens, corrupted_tokens, metric, strength, ablation)
+    circuit.edge_sizes, circuit.edge_curve, circuit.n_edges = sizes, [round(v, 4) for v in values], total
+    if not nodes:
         return circuit
     kept = set(order[:size])
-    strength = {(s, r): v for s, r, v in paths.strongest(k=None)}
     goal = min(target, curve[size])  # heads that fall short of the target keep every edge
-    edges, value = prune_edges(model, clean_tokens, corrupted_tokens, metric, kept, strength, goal, ablation)
+    also = {other: min(target, curves[other][size]) for other in measured[1:]} if rule == "both" else None
+    edges, value = prune_edges(model, clean_tokens, corrupted_tokens, metric, kept, strength, goal, ablation, also)
     by_mean = value if ablation == "mean" else \
         edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, kept, [edges], "mean")[0]
     [none] = edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, kept, [set()], ablation)

@@ -47,8 +47,15 @@ def test_the_circuit_is_the_shortest_prefix_that_reaches_the_target_and_its_edge
     paths = path_patch(model, clean, corrupted, metric)
     circuit = find_circuit(model, clean, corrupted, metric, effects, paths, target=0.6)
     k = len(circuit.nodes)
-    assert circuit.faithfulness == circuit.curve[k]
+    assert circuit.rule == "first" and circuit.faithfulness == circuit.curve[k] == circuit.curves["resample"][k]
     assert all(value < 0.6 for value in circuit.curve[:k]) and (circuit.reached or k == 6)
+    # "stays": the shortest prefix from which the curve stays at the target; this model's curve
+    # reaches 0.6, dips below it and comes back, so it keeps more heads than "first"
+    stays = find_circuit(model, clean, corrupted, metric, effects, None, target=0.6, rule="stays")
+    j = len(stays.nodes)
+    assert stays.curve == circuit.curve and all(value >= 0.6 for value in stays.curve[j:])
+    assert stays.curve[j - 1] < 0.6 and j > k and stays.nodes[:k] == circuit.nodes
+    assert circuit.sizes_by_rule() == stays.sizes_by_rule() and circuit.sizes_by_rule()["stays"] == j
     magnitudes = [abs(effects[int(n[1]), int(n[3])].item()) for n in circuit.order]
     assert magnitudes == sorted(magnitudes, reverse=True)
     for sender, receiver, _ in circuit.edges:
@@ -102,8 +109,72 @@ def test_the_circuit_reports_its_heads_under_mean_ablation_and_refuses_unknown_a
     assert circuit.ablation == "resample" and circuit.faithfulness_mean == round(mean, 4)
     by_mean = find_circuit(model, clean, corrupted, metric, effects, None, target=0.6, ablation="mean")
     assert by_mean.faithfulness == by_mean.faithfulness_mean == by_mean.curve[len(by_mean.nodes)]
+    assert by_mean.curves["mean"] == by_mean.curve and by_mean.curves["resample"] == circuit.curve
     with pytest.raises(ValueError, match="ablation 'zero' is unknown"):
         kept_faithfulness(model, clean, corrupted, metric, [kept], ablation="zero")
+    with pytest.raises(ValueError, match="rule 'any' is unknown"):
+        find_circuit(model, clean, corrupted, metric, effects, None, rule="any")
+
+
+def test_each_rule_picks_its_size_from_the_curves_and_a_cancelling_pair_fools_only_the_first():
+    from interp.circuit import circuit_size
+
+    # the cancellation fixture's shape: one head keeps "100%" while the two feeding it cancel when resampled
+    curves = {"resample": [0.0, 1.0, 0.5, 0.5, 1.0, 1.0], "mean": [0.5, 0.75, 0.75, 0.75, 1.0, 1.0]}
+    assert circuit_size(curves, "resample", 0.9, "first") == 1
+    assert circuit_size(curves, "resample", 0.9, "stays") == 4
+    assert circuit_size(curves, "resample", 0.9, "both") == 4
+    assert circuit_size(curves, "mean", 0.9, "first") == 4
+    # mean ablation that never reaches the target until every head is kept: "both" keeps them all
+    curves = {"resample": [0.0, 0.95, 0.97, 1.0], "mean": [0.5, 0.5, 0.5, 1.0]}
+    assert [circuit_size(curves, "resample", 0.9, rule) for rule in ("first", "stays", "both")] == [1, 1, 3]
+    # a curve that never reaches the target: the whole model
+    curves = {"resample": [0.0, 0.3, 0.8], "mean": [0.0, 0.3, 0.8]}
+    assert [circuit_size(curves, "resample", 0.9, rule) for rule in ("first", "stays", "both")] == [2, 2, 2]
+
+
+def test_both_rule_keeps_heads_and_edges_faithful_under_both_ablations():
+    model, clean, corrupted, metric = setup(seed=1)
+    effects = patch_head_out(model, clean, corrupted, metric).values
+    paths = path_patch(model, clean, corrupted, metric)
+    circuit = find_circuit(model, clean, corrupted, metric, effects, paths, target=0.6, rule="both")
+    k = len(circuit.nodes)
+    lowest = [min(r, m) for r, m in zip(circuit.curves["resample"], circuit.curves["mean"])]
+    assert lowest[k] >= 0.6 and all(value < 0.6 for value in lowest[:k]) and circuit.reached
+    assert circuit.faithfulness_mean == circuit.curves["mean"][k]
+    assert circuit.edge_faithfulness >= 0.6 - 1e-6 and circuit.edge_faithfulness_mean >= 0.6 - 1e-6
+
+
+def test_faithfulness_areas_are_cpr_and_cmd_over_the_share_kept():
+    from interp.circuit import faithfulness_areas
+
+    assert faithfulness_areas([1.0, 1.0, 1.0]) == (1.0, 0.0)
+    assert faithfulness_areas([0.0, 1.0]) == (0.5, 0.5)
+    assert faithfulness_areas([0.0, 1.0, 1.0]) == (0.75, 0.25)
+    cpr, cmd = faithfulness_areas([0.0, 2.0])  # crosses 1 at x = 0.5: two triangles of 0.25
+    assert cpr == pytest.approx(1.0) and cmd == pytest.approx(0.5)
+    cpr, cmd = faithfulness_areas([0.0, 1.0, 1.0], sizes=[0, 1, 4], total=4)  # measured at 0, 1 and 4 of 4
+    assert cpr == pytest.approx(0.125 + 0.75) and cmd == pytest.approx(0.125)
+    with pytest.raises(ValueError, match="two or more sizes"):
+        faithfulness_areas([1.0])
+
+
+def test_the_circuit_has_its_curves_and_areas_as_attributes_and_writes_the_keys_it_always_wrote():
+    model, clean, corrupted, metric = setup(seed=1)
+    effects = patch_head_out(model, clean, corrupted, metric).values
+    paths = path_patch(model, clean, corrupted, metric)
+    circuit = find_circuit(model, clean, corrupted, metric, effects, paths, target=0.6)
+    assert set(circuit.to_dict()) == {"nodes", "edges", "faithfulness", "target", "curve", "order", "ablation",
+                                      "faithfulness_mean", "edge_faithfulness", "edge_faithfulness_mean",
+                                      "no_edge_faithfulness", "candidate_edges", "reached"}  # analysis.json's, pinned
+    areas = circuit.areas()
+    assert set(areas["nodes"]) == {"resample", "mean"} and areas["nodes"]["resample"]["cpr"] == round(circuit.cpr, 4)
+    n_edges = 2 * (4 * 3 + 1) + 2 * (2 * 3 + 1) + 2  # 3 layers of 2 heads: into later heads' q/k/v, and the logits
+    assert circuit.n_edges == n_edges == circuit.edge_sizes[-1] and circuit.edge_sizes == list(range(n_edges + 1))
+    assert abs(circuit.edge_curve[-1] - 1) <= 1e-4  # every edge kept: the clean run
+    assert areas["edges"]["cpr"] == round(circuit.edge_cpr, 4) and circuit.edge_cmd >= 0
+    no_paths = find_circuit(model, clean, corrupted, metric, effects, None, target=0.6)
+    assert no_paths.n_edges == 0 and no_paths.edge_cpr is None and no_paths.areas()["edges"] is None
 
 
 def test_every_edge_kept_is_the_node_sets_faithfulness_and_none_kept_is_measured():
