@@ -58,12 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNEXPECTED
 
 
-WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
-
-
 def _is_write_failure(err: BaseException) -> bool:
     """Disk full, over quota, permission denied or a read-only file system; safetensors reports
     those as its own SafetensorError, with the OS message inside."""
+    from models.runs import WRITE_ERRNOS
+
     if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:
         return True
     text = str(err)
@@ -494,13 +493,14 @@ _SWEEP_HELP = """Train every combination of the --grid values on top of a preset
 run folder under --out (named like init_gamma=0.3__n_layers=2__seed=0), next to sweep.json (the
 index: grid, status, wall time and final metrics per cell) and report.html. Re-running the same
 command skips finished (and diverged) cells, resumes killed ones and retries failed ones.
-Exit status 1 when some cell failed (re-run to retry). Example:
+Exit status 1 when some cell failed (re-run to retry), 2 when a cell's folder holds a damaged file
+or another run (a re-run cannot fix it: the message names the file). Example:
   workbench sweep --preset composite-cpu --grid model.init_gamma=0.3,0.5 model.n_layers=2,3 \\
       train.seed=0,1 --out runs/sweeps/x"""
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from analyses.sweep import grid_cells, parse_grid, run_sweep
+    from analyses.sweep import check_ray_address, grid_cells, parse_grid, run_sweep
     from models.presets import get_preset
     from models.runs import run_lock
 
@@ -512,6 +512,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     base = get_preset(args.preset).with_overrides(args.overrides)
     grid = parse_grid(args.grid)
     grid_cells(base, grid)  # every cell's config is valid before the folder is made (and locked)
+    if args.address:
+        check_ray_address(args.address)  # so is the cluster's address
     with run_lock(args.out):  # one sweep per folder: a second one exits 2 at once, naming the first, and changes nothing
         index = run_sweep(base, grid, args.out, preset=args.preset, workers=args.workers,
                           backend=args.backend, address=args.address, progress=not args.no_progress)
@@ -521,6 +523,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         if cell.get("status") == "failed":
             print(f"workbench sweep: cell {name} failed: {((cell.get('error') or '').strip().splitlines() or [''])[-1]}",
                   file=sys.stderr)
+    if any(cell.get("refused") for cell in index["cells"].values()):
+        return EXIT_CONFIG  # a damaged cell folder: running the sweep again cannot fix it
     return 1 if index["counts"].get("failed") else 0
 
 

@@ -51,13 +51,15 @@ CellFn = Callable[[str, dict[str, Any], str], "CellResult"]
 
 @dataclass
 class CellResult:
-    """What one cell ended as: `done`, `diverged` (the loss became NaN/inf) or `failed` (crashed)."""
+    """What one cell ended as: `done`, `diverged` (the loss became NaN/inf) or `failed` (crashed,
+    or `refused`: its folder holds a damaged file or another run, which a re-run cannot fix)."""
 
     name: str
     status: str
     final: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     error: str | None = None
+    refused: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,16 +72,18 @@ def train_cell(name: str, cfg_dict: dict[str, Any], run_dir: str) -> CellResult:
     cfg, path = RunConfig.from_dict(cfg_dict), Path(run_dir)
     try:  # a cell folder with a damaged config or metrics is recorded as failed, naming the file
         if (path / CONFIG).exists() and not same_recipe(read_config(path), cfg):
-            return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away")
+            return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away", refused=True)
         state = run_state(path, cfg)
         if state in ("done", "diverged"):
             metrics = read_metrics(path)
             return CellResult(name, state, metrics[-1], float(metrics[-1].get("elapsed_s", 0.0)))
     except RunFolderError as err:
-        return CellResult(name, "failed", error=str(err))
+        return CellResult(name, "failed", error=str(err), refused=True)
     started = time.perf_counter()
     try:
         result = Trainer(cfg, path, resume=state == "partial", progress=False).fit()
+    except RunFolderError as err:
+        return CellResult(name, "failed", seconds=time.perf_counter() - started, error=str(err), refused=True)
     except TrainingDiverged as err:
         return CellResult(name, "diverged", read_metrics(path)[-1], time.perf_counter() - started, str(err))
     except Exception:  # a crashed cell is recorded, the sweep goes on
@@ -348,7 +352,8 @@ def run_sweep(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, *, p
 
 def _summary(result: CellResult) -> dict[str, Any]:
     scalars = {k: v for k, v in result.final.items() if isinstance(v, int | float | str | None)}
-    return {"status": result.status, "seconds": round(result.seconds, 2), "final": scalars, "error": result.error}
+    summary = {"status": result.status, "seconds": round(result.seconds, 2), "final": scalars, "error": result.error}
+    return {**summary, "refused": True} if result.refused else summary
 
 
 def write_sweep_report(index: dict[str, Any], path: Path) -> Path:

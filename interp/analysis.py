@@ -36,7 +36,7 @@ from interp.paths import PathPatchResult, check_path_patchable, path_patch
 from interp.report import Report, figure_html, table_html
 from models.planted import parse_planted
 from models.runs import ANALYSIS, LoadedRun, RunFolderError, atomic_write_bytes, read_json
-from tasks import Batch, Task, logits_at_labels, seeded_generator
+from tasks import Batch, ConfigError, Task, logits_at_labels, seeded_generator
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
@@ -152,7 +152,8 @@ def analysed_tasks() -> list[str]:
 def task_analysis(name: str) -> TaskAnalysis:
     known = analysed_tasks()
     if name not in TASK_ANALYSES:
-        raise ValueError(f"no analysis is registered for task {name!r}; known: {known}")
+        raise ConfigError(f"no analysis is registered for task {name!r}; known: {known}. Add interp/tasks/{name}.py "
+                          f"(CONTRIBUTING.md)")
     return TASK_ANALYSES[name]
 
 

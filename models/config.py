@@ -136,7 +136,8 @@ class TrainConfig:
       (resume does not continue it), with its last checkpoint at that step; the lr schedule stays
       that of `steps`.
     plateau_min_steps: the stop rule never ends a run before this step (a plateau before a late
-      rise: composite gamma 0.3 at depth 2 sat at .05-.07 seen accuracy for 1,700 steps).
+      rise: composite gamma 0.3 at depth 2, the cpu study's cell, was stopped at step 1,700 at .05-.07
+      seen accuracy; trained on in fp32 it sat at .12-.15 until step 2,000, then rose to .70).
     plateau_watch: metric names (e.g. held_out_inferential, held_out_symmetric) that must have
       settled too before the rule stops the run: over the last `plateau_evals` evaluations each
       moves by no more than `plateau_watch_tol` (max - min). A run whose held-out answers still

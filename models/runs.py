@@ -136,28 +136,42 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def _fresh_temp(path: Path) -> Path:
-    """The temporary sibling a write goes through, removed first if a crash left one (or anyone
-    put a link there): unlinking a name never touches what a link points to."""
-    tmp = path.with_name(path.name + ".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    return tmp
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)  # "could not write"
+
+
+def _fresh_temp(path: Path) -> tuple[Path, int]:
+    """A new temporary sibling for one write (its name unique to this write, so two writers of
+    one file never touch each other's), created with O_EXCL | O_NOFOLLOW: never a link, never
+    someone else's file. Returns its path and an open descriptor."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise _naming(err, path) from None
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    """`err` with the file it was about: a full disk reported by write() or close() names none."""
+    return err if err.filename else OSError(err.errno, err.strerror, str(path))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a new temporary sibling, then rename it over `path`: a killed process leaves the
-    old file whole, and nothing is written through a symbolic link (the temporary file is created
-    with O_EXCL | O_NOFOLLOW; a rename replaces a link at `path` itself, not its target)."""
-    tmp = _fresh_temp(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    old file whole, and nothing is written through a symbolic link (a rename replaces a link at
+    `path` itself, not its target)."""
+    tmp, fd = _fresh_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise _naming(err, path) from None
         raise
 
 
@@ -168,20 +182,29 @@ def append_line(path: Path, line: str) -> None:
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise RunFolderError(f"{path} is a symbolic link; the workbench never writes through one. Remove it") from None
-        raise
-    with os.fdopen(fd, "a") as f:
-        f.write(line + "\n")
+        raise _naming(err, path) from None
+    try:
+        with os.fdopen(fd, "a") as f:
+            f.write(line + "\n")
+    except OSError as err:
+        raise _naming(err, path) from None
 
 
 def save_tensors(path: Path, tensors: dict[str, Tensor], meta: dict[str, str] | None = None) -> None:
-    tmp = _fresh_temp(path)
+    tmp, fd = _fresh_temp(path)
+    os.close(fd)  # safetensors writes the file by its name
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=meta)
         os.chmod(tmp, 0o644)  # like the folder's other files (safetensors creates 0600)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        code = next((c for c in WRITE_ERRNOS if os.strerror(c) in str(err)), None)
+        if code is not None and not isinstance(err, OSError):  # safetensors' own error for a full disk, a denied write
+            raise OSError(code, os.strerror(code), str(path)) from err
+        if isinstance(err, OSError):
+            raise _naming(err, path) from None
         raise
 
 

@@ -223,6 +223,7 @@ class Trainer:
         self.data_gen, self.depth_gen = seeded_generator(seed), seeded_generator(seed + 1)
         # evaluation data comes from its own seeds, so it is the same however training is split
         self.eval_batch = self.task.sample(cfg.train.eval_size, seeded_generator(seed + 1_000_003), split="test")
+        self._check_stop_rule_metrics()
         n_train = cfg.train.n_train
         self.train_set = self.task.sample(n_train, seeded_generator(seed + 2_000_003)) if n_train else None
         # the training loss is summed on the device and read at evaluations and checkpoints only,
@@ -231,6 +232,20 @@ class Trainer:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         # checked before anything is written; a resumed run starts from its own checkpoint instead
         self.init = None if resume or cfg.train.init_from is None else starting_weights(cfg, self.model, Path(cfg.train.init_from))
+
+    def _check_stop_rule_metrics(self) -> None:
+        """The stop rule's metrics (the task's headline, `plateau_watch`) must be among what the
+        task's evaluation records: checked before anything is written, on the evaluation batch
+        scored with placeholder predictions (only the names matter)."""
+        if self.cfg.train.plateau_evals is None:
+            return
+        batch = self.eval_batch
+        recorded = {"train_loss", "eval_loss", *self.task.accuracy(batch, torch.zeros_like(batch.labels))}
+        wanted = [self.task.headline_metric, *self.cfg.train.plateau_watch]
+        missing = [name for name in wanted if name not in recorded]
+        if missing:
+            raise ConfigError(f"train.plateau_evals / train.plateau_watch: the stop rule reads {missing}, which this task's "
+                              f"evaluation does not record; it records {sorted(recorded)}")
 
     def _make_optimizer(self) -> torch.optim.AdamW:
         """Weight decay on weight matrices only; the identity-attention scalars in a group of
@@ -391,8 +406,10 @@ class Trainer:
         more than `plateau_watch_tol` over those N evaluations."""
         train = self.cfg.train
         n = train.plateau_evals
-        if n is None or self.step >= train.steps or self.step < train.plateau_min_steps:
+        if n is None:
             return False
+        # also checked at the start (_check_stop_rule_metrics); a name the evaluation batch of a
+        # particular step lacks is caught here
         missing = [name for name in train.plateau_watch if name not in record]
         if missing:
             raise ConfigError(f"train.plateau_watch names {missing}, which this task's evaluation does not record; "
@@ -401,6 +418,8 @@ class Trainer:
         if metric not in record:
             raise ConfigError(f"train.plateau_evals: the stop rule reads the task's headline metric {metric!r}, which "
                               f"its evaluation does not record (it records {sorted(record)})")
+        if self.step >= train.steps or self.step < train.plateau_min_steps:
+            return False
         records = [r for r in read_metrics(self.run_dir) if "train_loss" in r] + [record]
         history = [r.get(metric) for r in records]
         if len(history) <= n or any(v is None for v in history):

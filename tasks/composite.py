@@ -58,9 +58,14 @@ class CompositeConfig:
             raise ConfigError(f"task.value_min={self.value_min} lets targets go negative with shifts {self.shifts}")
         for pair in [*self.overrides, *self.held_out]:
             parse_pair(pair, n)
-        if self.key_modulus is not None and self.key_modulus < self.seq_len - 2:
-            raise ConfigError(f"task.key_modulus={self.key_modulus} leaves key positions without test keys; use "
-                              f"key_modulus >= seq_len - 2 = {self.seq_len - 2}, or null")
+        if self.key_modulus is not None:
+            values = range(self.value_min, self.value_max + 1)
+            bare = [p for p in range(self.seq_len - 2)
+                    if not any(x % self.key_modulus == p for x in values) or all(x % self.key_modulus == p for x in values)]
+            if self.key_modulus < 1 or bare:
+                raise ConfigError(f"task.key_modulus={self.key_modulus} leaves key positions {bare or 'all'} without test "
+                                  f"or training keys among values {self.value_min}..{self.value_max}; use a modulus "
+                                  f"from {self.seq_len - 2} to about {self.value_max - self.value_min}, or null")
 
 
 def parse_pair(pair: str, n_anchors: int) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import string
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,9 @@ PAD, BOS, EOS, EQUALS, SEMI = range(len(SPECIALS))
 VARIABLES = list(string.ascii_lowercase)
 SUPERVISION_MODES = ("all", "first", "first+last")
 MENTION_LABELS = ("none", "value", "element")
+
+
+DEFAULT_N_SUPERVISED = 3  # LegoConfig.n_supervised
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ class LegoConfig:
     group: str = "z2"
     n_vars: int = 6
     supervision: str = "first"
-    n_supervised: int = 3
+    n_supervised: int = DEFAULT_N_SUPERVISED
     min_vars: int | None = None
     biased_fraction: float = 0.0
     identity_prob: float = 0.9
@@ -117,9 +121,11 @@ class LegoConfig:
             raise ConfigError(f"task.n_letters={self.n_letters} is outside n_vars={self.n_vars}..{len(VARIABLES)}")
         if self.supervision not in SUPERVISION_MODES:
             raise ConfigError(f"task.supervision={self.supervision!r} is unknown; use one of {SUPERVISION_MODES}")
-        if not 1 <= self.n_supervised <= self.n_vars:
-            ignored = " (supervision='all' ignores it: leave it at its default)" if self.supervision == "all" else ""
-            raise ConfigError(f"task.n_supervised={self.n_supervised} is outside 1..n_vars={self.n_vars}{ignored}")
+        if self.supervision == "all" and self.n_supervised != DEFAULT_N_SUPERVISED:
+            warnings.warn(f"task.n_supervised={self.n_supervised} is ignored: task.supervision='all' supervises "
+                          f"every variable", stacklevel=2)
+        elif self.supervision != "all" and not 1 <= self.n_supervised <= self.n_vars:
+            raise ConfigError(f"task.n_supervised={self.n_supervised} is outside 1..n_vars={self.n_vars}")
         if self.min_vars is not None and not 1 <= self.min_vars <= self.n_vars:
             raise ConfigError(f"task.min_vars={self.min_vars} is outside 1..n_vars={self.n_vars}")
         if not 0.0 <= self.biased_fraction <= 1.0:

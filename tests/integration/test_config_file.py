@@ -46,5 +46,6 @@ def test_the_stop_rule_reads_the_tasks_own_headline_metric(tmp_path, monkeypatch
 
     monkeypatch.setattr(CompositeTask, "headline_metric", "acc_renamed")  # a task that names its metric otherwise
     cfg = tiny_composite_run(steps=40, eval_every=10, plateau_evals=2)
-    with pytest.raises(ConfigError, match="headline metric 'acc_renamed'"):
-        Trainer(cfg, tmp_path / "r", progress=False).fit()  # never silently without its stop rule
+    with pytest.raises(ConfigError, match="the stop rule reads \\['acc_renamed'\\]"):
+        Trainer(cfg, tmp_path / "r", progress=False)  # never silently without its stop rule
+    assert not (tmp_path / "r").exists()

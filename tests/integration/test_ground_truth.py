@@ -19,7 +19,7 @@ InterpBench score: the chance that a known node or edge outscores an unknown one
 Node-level methods are judged on nodes only. Scores are normalised effects (1 = the whole clean -
 corrupted difference); a node or edge is predicted where its score exceeds THRESHOLD = 0.1. The
 table (all numbers) is printed (pytest -s) and written to $GROUND_TRUTH_JSON, else
-runs/ground_truth.json under the repository root. The floors asserted are ones the methods were
+ground_truth.json in the temporary folder (not into the repository). The floors asserted are ones the methods were
 measured to reach (FLOORS); the numbers are deterministic (CPU, one thread).
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -177,7 +178,7 @@ def table():
               f"{f['circuit (both)']['nodes']}); node CPR/CMD {stays['node_cpr_cmd']}; edge CPR "
               f"{stays['edge_cpr']}, CMD {stays['edge_cmd']}; seconds {f['seconds']}")
     print(f"ground truth: {len(FIXTURES)} fixtures in {seconds:.1f} s")
-    out = Path(os.environ.get("GROUND_TRUTH_JSON") or ROOT / "runs" / "ground_truth.json")
+    out = Path(os.environ.get("GROUND_TRUTH_JSON") or Path(tempfile.gettempdir()) / "ground_truth.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"threshold": THRESHOLD, "columns": list(COLUMNS), "rows": rows, "circuits": found,
                                "seconds": round(seconds, 1)}, indent=1))

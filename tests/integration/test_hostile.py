@@ -151,19 +151,7 @@ ROWS = [Row(command, PREFIX.get(command, "") + name, damage, *_expected(command,
         for command, files in PLAN.items() for name, damages in files.items() for damage in damages] + SPECIAL
 
 # what the product does wrong, by row id (reproduced on this checkout; see the final report)
-XFAIL = {
-    "sweep:seed=0/config.json:dup-key": "sweep records the damaged cell as failed in sweep.json and exits 1 (its "
-                                        "status for failed cells), naming the file on stderr; re-running cannot fix "
-                                        "it, so it should be 2",
-    "sweep:seed=0/train_state.safetensors:truncated": "the same: a damaged cell train state is a failed cell, "
-                                                      "exit 1, nothing on stderr",
-    "sweep:seed=0/metrics.jsonl:bitflip": "the same: a damaged cell metrics.jsonl is a failed cell, exit 1, "
-                                          "nothing on stderr",
-    "train:model.safetensors:ENOSPC-safetensors": "safetensors' own SafetensorError for a full disk gives exit 4 but "
-                                                  "the message says 'could not write a file of the run' and names "
-                                                  "safetensors' temporary RUN/.tmpXXXX, not model.safetensors",
-    "resume:model.safetensors:deleted+EACCES-safetensors": "the same for permission denied at the weights repair: "
-                                                           "exit 4 without naming model.safetensors",
+XFAIL: dict[str, str] = {  # row id -> what the product does wrong there (none left)
 }
 
 
@@ -405,7 +393,8 @@ def fail_safetensors(monkeypatch, target: Path, code: int) -> None:
     real = models.runs.save_file
 
     def save_file(tensors, filename, *args, **kwargs):
-        if Path(filename).name == target.name + ".tmp" and Path(filename).parent == target.parent:
+        name = Path(filename).name  # the temporary sibling models.runs writes through: .NAME.PID.HEX.tmp
+        if name.startswith(f".{target.name}.") and name.endswith(".tmp") and Path(filename).parent == target.parent:
             raise _safetensors_error(target.parent, code)
         return real(tensors, filename, *args, **kwargs)
 
@@ -536,7 +525,11 @@ def test_hostile(row: Row, tmp_path, capsys, monkeypatch, request):
 
     # nothing the user owned changed
     assert _under(after, "outside", True) == _under(before, "outside", True)
-    if row.status == 2:  # refused: nothing written at all
+    if row.status == 2 and row.command == "sweep":  # refused cell: only the sweep's own records of it are written
+        records = {"cells.json", "sweep.json", "report.html"}
+        assert {k: v for k, v in after.items() if Path(k).name not in records} == \
+               {k: v for k, v in before.items() if Path(k).name not in records}
+    elif row.status == 2:  # refused: nothing written at all
         assert after == before
     else:
         rel = os.path.relpath(root, tmp_path)

@@ -94,7 +94,8 @@ def test_the_cells_index_keeps_earlier_sweeps_into_the_same_pool(tmp_path):
 
 def test_damaged_cell_folders_are_recorded_as_failed_naming_the_file(tmp_path):
     """A cell whose config.json or an earlier metrics line is damaged is neither reported done nor
-    retrained over: the sweep records it as failed with the file's name and goes on (exit 1)."""
+    retrained over: the sweep records it as failed with the file's name and goes on; exit 2, since a
+    re-run cannot fix a damaged folder (a crashed cell is exit 1: re-run to retry)."""
     out = tmp_path / "sweep"
     args = ["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0,1", "--out", str(out), "--workers", "1", *TINY]
     assert main(args) == 0
@@ -102,7 +103,7 @@ def test_damaged_cell_folders_are_recorded_as_failed_naming_the_file(tmp_path):
     lines = (out / "seed=0" / "metrics.jsonl").read_text().splitlines()
     (out / "seed=0" / "metrics.jsonl").write_text("\n".join(["{bad", *lines[1:]]) + "\n")
     weights = _weights_mtimes(out)
-    assert main(args) == 1
+    assert main(args) == 2
     cells = json.loads((out / "sweep.json").read_text())["cells"]
     assert cells["seed=1"]["status"] == "failed" and "seed=1/config.json is not JSON" in cells["seed=1"]["error"]
     assert cells["seed=0"]["status"] == "failed" and "seed=0/metrics.jsonl: line 1 is damaged" in cells["seed=0"]["error"]

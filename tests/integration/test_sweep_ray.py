@@ -39,6 +39,7 @@ def test_a_cluster_address_that_cannot_work_is_exit_2_at_once(tmp_path, capsys, 
                  "--backend", "ray", "--address", address, "--no-progress", "--set", "train.steps=2"])
     err = capsys.readouterr().err
     assert code == 2 and __import__("re").search(message, err) and "Traceback" not in err
+    assert not (tmp_path / "s").exists()  # refused before the sweep's folder is made
     assert time.monotonic() - started < 30  # Ray alone retries such an address for minutes
 
 

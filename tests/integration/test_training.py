@@ -214,7 +214,8 @@ def test_watching_a_metric_the_task_does_not_record_is_a_config_error(tmp_path):
 
     cfg = tiny_composite_run(steps=40, plateau_evals=2, eval_every=10, eval_size=512, plateau_watch=["held_out_typo"])
     with pytest.raises(ConfigError, match="held_out_typo.*held_out_symmetric"):
-        Trainer(cfg, tmp_path / "r", progress=False).fit()
+        Trainer(cfg, tmp_path / "r", progress=False)  # refused before anything is written
+    assert not (tmp_path / "r").exists()
 
 
 def test_refinements_of_the_stop_rule_need_the_rule():
