@@ -20,6 +20,22 @@ def loss_panel(ax: plt.Axes, records: list[dict[str, Any]]) -> None:
     ax.legend(fontsize=8)
 
 
+def rates_and_loss(metrics: list[dict[str, Any]], series: list[tuple[str, str]], ylabel: str, title: str) -> plt.Figure:
+    """Training curves of a task: on the left the `series` (metric key, label) over steps, each
+    drawn where the records have it (the first key selects the records), on the right the loss."""
+    records = [m for m in metrics if series[0][0] in m]
+    steps = [m["step"] for m in records]
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for key, label in series:
+        if records and key in records[-1]:
+            ax_acc.plot(steps, [m.get(key) for m in records], label=label)
+    ax_acc.set(xlabel="step", ylabel=ylabel, ylim=(0.0, 1.02), title=title)
+    ax_acc.legend(fontsize=8)
+    loss_panel(ax_loss, records)
+    fig.tight_layout()
+    return fig
+
+
 def head_score_heatmaps(scores: dict[str, list[list[float]]], labels: list[list[str]]) -> plt.Figure:
     """One heatmap per kind (layer x head), each head annotated with its label's initial."""
     kinds = list(scores)

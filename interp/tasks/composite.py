@@ -290,18 +290,10 @@ def _composite_probes_html(probes: dict[str, Any]) -> str:
 
 def composite_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
     """Seen-pair accuracy and the held-out pair's inferential/symmetric rates over steps, and loss."""
-    records = [m for m in metrics if "acc_seen" in m]
-    steps = [m["step"] for m in records]
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.8))
-    ax_acc.plot(steps, [m["acc_seen"] for m in records], label="seen pairs (test keys)")
-    if records and "held_out_inferential" in records[-1]:
-        ax_acc.plot(steps, [m.get("held_out_inferential") for m in records], label="held-out: inferential")
-        ax_acc.plot(steps, [m.get("held_out_symmetric") for m in records], label="held-out: symmetric")
-    ax_acc.set(xlabel="step", ylabel="rate", ylim=(0.0, 1.02), title="accuracy and held-out answers")
-    ax_acc.legend(fontsize=8)
-    plots.loss_panel(ax_loss, records)
-    fig.tight_layout()
-    return fig
+    return plots.rates_and_loss(metrics, [("acc_seen", "seen pairs (test keys)"),
+                                          ("held_out_inferential", "held-out: inferential"),
+                                          ("held_out_symmetric", "held-out: symmetric")],
+                                ylabel="rate", title="accuracy and held-out answers")
 
 
 register_analysis("composite", TaskAnalysis(

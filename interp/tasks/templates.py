@@ -54,17 +54,8 @@ def _templates_findings(run: LoadedRun, seed: int) -> tuple[None, TemplatesVerdi
 def templates_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
     """Test accuracy (symbols never seen in training) over steps, per class where there are
     classes, and loss."""
-    records = [m for m in metrics if "acc" in m]
-    steps = [m["step"] for m in records]
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for key, label in (("acc", "all"), ("acc_same", "same"), ("acc_different", "different")):
-        if records and key in records[-1]:
-            ax_acc.plot(steps, [m.get(key) for m in records], label=label)
-    ax_acc.set(xlabel="step", ylabel="test accuracy", ylim=(0.0, 1.02), title="accuracy on unseen symbols")
-    ax_acc.legend(fontsize=8)
-    plots.loss_panel(ax_loss, records)
-    fig.tight_layout()
-    return fig
+    return plots.rates_and_loss(metrics, [("acc", "all"), ("acc_same", "same"), ("acc_different", "different")],
+                                ylabel="test accuracy", title="accuracy on unseen symbols")
 
 
 register_analysis("templates", TaskAnalysis(
