@@ -7,12 +7,30 @@ to uniform attention over the same keys:
 
 so 0 is what uniform attention gives and 1 puts all mass on the targets. The kinds:
   association   from a symbol (LEGO: variable) to the *other* positions holding the same token
-  manipulation  to the other positions of the query's own clause (the task's segments)
-  broadcast     to BOS/EOS-like positions (position 0 for tasks without them)
+  parent        from any position of a segment that reads a symbol (one that is not the first
+                symbol of its segment; LEGO: a clause's right-hand variable) to every position of
+                the segment where that symbol is defined, i.e. is the first symbol (LEGO: a
+                clause to its parent clause, the lookup of a whole clause, not only its token)
   previous      to the position just before the query
   self          to the query's own position
-A head's label is its highest-scoring kind if that score reaches the kind's threshold, else
-"mixed". The thresholds are calibrated on planted heads (`calibrate_thresholds`).
+  broadcast     to BOS/EOS-like positions (position 0 for tasks without them)
+  manipulation  to the other positions of the query's own clause (the task's segments)
+
+For the three kinds of a hop (HOP_KINDS: association, parent, manipulation), queries are
+grouped by their *role*, their offset inside their segment (LEGO: left-hand
+variable, `=`, element, right-hand variable, `;`), and a kind's score is that of the role where
+it is highest. A learned head often does one thing from one role only (a clause's right-hand
+variable looks up its parent, the other four tokens look elsewhere), and averaging over roles
+hides it. Scored from the right-hand variable alone, association is direction-aware: there its
+only target is the parent's left-hand variable. Scoring by role this is what makes the labels agree with patching on learned LEGO models
+(analyses/RESULTS.md, "The classifier against patching"). A role needs MIN_ROLE_QUERIES counted
+queries to be scored.
+
+A head's label is, among the kinds whose score reaches their threshold and is within NEAR_BEST of
+the best such score, the first in HEAD_KINDS order (the narrower kinds first: a previous-token
+head inside a clause scores 1 on manipulation too, from the roles whose previous token is in the
+clause); else "mixed". The thresholds are calibrated on planted heads (`calibrate_thresholds`);
+parent on planted association heads, which look up the parent from the right-hand variable.
 
 Shape glossary: layer, batch, head_index, query_pos, key_pos, kind.
 """
@@ -28,13 +46,21 @@ from transformer_lens import HookedTransformer
 
 from tasks import Task
 
-HEAD_KINDS = ("association", "manipulation", "broadcast", "previous", "self")
+HEAD_KINDS = ("association", "parent", "previous", "self", "broadcast", "manipulation")
+HOP_KINDS = ("association", "parent", "manipulation")  # the steps of a LEGO hop: find the parent, combine
+MIN_ROLE_QUERIES = 16
+NEAR_BEST = 0.05
+CALIBRATED_ON = {"parent": "association"}  # the planted kind whose heads set the threshold
 # Measured by `calibrate_thresholds([LegoTask(LegoConfig(n_vars=6, n_supervised=3)),
-# LegoTask(LegoConfig(n_vars=12, group="s3", n_supervised=3))])` over 3 seeds x 2 layouts: the
-# midpoint between the highest score of any randomly initialised head (association 0.005,
-# manipulation 0.011, broadcast 0.039, previous 0.008, self 0.008) and the lowest score of a
-# planted head of that kind (0.484, 0.771, 0.968, 1.0, 1.0). tests/unit/test_attention.py re-checks.
-DEFAULT_THRESHOLDS = {"association": 0.24, "manipulation": 0.39, "broadcast": 0.5, "previous": 0.5, "self": 0.5}
+# LegoTask(LegoConfig(n_vars=12, group="s3", n_supervised=3))])` over 3 seeds x 2 layouts, scored by
+# role where the kind is a hop kind: the midpoint between the highest score of any randomly
+# initialised head (association 0.007, parent 0.008, previous 0.008, self 0.008, broadcast 0.039,
+# manipulation 0.038) and the lowest score of a planted head of that kind (0.484, 0.407, 1.0, 1.0,
+# 0.968, 0.771; a planted association head splits its mass between the other occurrence and
+# itself, hence 0.48).
+# tests/unit/test_attention.py re-checks.
+DEFAULT_THRESHOLDS = {"association": 0.25, "parent": 0.21, "previous": 0.5, "self": 0.5, "broadcast": 0.5,
+                      "manipulation": 0.4}
 
 
 @torch.no_grad()
@@ -56,6 +82,32 @@ def allowed_keys(tokens: Int[Tensor, "batch pos"], task: Task) -> Bool[Tensor, "
     return allowed
 
 
+def segment_roles(tokens: Int[Tensor, "batch pos"], task: Task) -> Int[Tensor, "batch pos"]:
+    """Each position's offset inside its segment (0 for the segment's first position)."""
+    segments = task.segment_ids(tokens)
+    n_pos = tokens.shape[1]
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    positions = torch.arange(n_pos, device=tokens.device).expand_as(segments)
+    return positions - torch.cummax(torch.where(starts, positions, 0), dim=1).values
+
+
+def parent_targets(tokens: Int[Tensor, "batch pos"], task: Task) -> Bool[Tensor, "batch query_pos key_pos"]:
+    """From every position of a segment that holds a reader (a symbol that is not the first of
+    its segment and whose token is the first symbol of another segment) to that other segment."""
+    segments, symbols = task.segment_ids(tokens), task.symbol_mask(tokens)
+    first = segment_roles(tokens, task) == 0
+    real = ~task.padding_mask(tokens)
+    same_token = tokens.unsqueeze(2) == tokens.unsqueeze(1)
+    lookup = same_token & (symbols & ~first).unsqueeze(2) & (symbols & first).unsqueeze(1)
+    none = torch.iinfo(segments.dtype).min
+    read = torch.where(lookup, segments.unsqueeze(1), none).amax(-1)  # [batch query]: the segment it reads
+    same_segment = segments.unsqueeze(2) == segments.unsqueeze(1)
+    read_by_segment = torch.where(same_segment, read.unsqueeze(1), none).amax(-1)
+    parent = (segments.unsqueeze(1) == read_by_segment.unsqueeze(2)) & (read_by_segment != none).unsqueeze(2)
+    return parent & real.unsqueeze(1) & real.unsqueeze(2)
+
+
 def target_masks(tokens: Int[Tensor, "batch pos"], task: Task) -> dict[str, tuple[Tensor, Tensor]]:
     """Per kind: (targets [batch query_pos key_pos], queries that count [batch query_pos]). A query
     counts when some allowed key is a target and some is not (else uniform attention is perfect)."""
@@ -71,10 +123,11 @@ def target_masks(tokens: Int[Tensor, "batch pos"], task: Task) -> dict[str, tupl
     previous = previous.expand(tokens.shape[0], -1, -1) & real_keys
     masks = {
         "association": (same_token, real & task.symbol_mask(tokens)),
-        "manipulation": (same_clause, real),
-        "broadcast": (broadcast, real),
+        "parent": (parent_targets(tokens, task) & ~eye & real_keys, real),
         "previous": (previous, real),
         "self": (eye.expand(tokens.shape[0], -1, -1) & real_keys, real),
+        "broadcast": (broadcast, real),
+        "manipulation": (same_clause, real),
     }
     partial = lambda targets: targets.any(-1) & (targets.sum(-1) < real_keys.sum(-1))  # noqa: E731
     return {kind: (targets, queries & partial(targets)) for kind, (targets, queries) in masks.items()}
@@ -92,6 +145,22 @@ def relative_mass(
     relative = (mass - uniform[None, :, None]) / (1 - uniform[None, :, None]).clamp(min=1e-6)
     weight = queries.to(patterns.dtype)[None, :, None]
     return (relative * weight).sum((1, 3)) / weight.sum((1, 3)).clamp(min=1)
+
+
+def best_role_mass(
+    patterns: Float[Tensor, "layer batch head_index query_pos key_pos"],
+    targets: Bool[Tensor, "batch query_pos key_pos"],
+    queries: Bool[Tensor, "batch query_pos"],
+    n_keys: Int[Tensor, "batch query_pos"],
+    roles: Int[Tensor, "batch query_pos"],
+) -> Float[Tensor, "layer head_index"]:
+    """`relative_mass` over the queries of each role (with at least MIN_ROLE_QUERIES of them), and
+    per head the highest; 0 where no role has enough queries."""
+    by_role = [relative_mass(patterns, targets, queries & (roles == role), n_keys)
+               for role in roles[queries].unique().tolist() if (queries & (roles == role)).sum() >= MIN_ROLE_QUERIES]
+    if not by_role:
+        return torch.zeros(patterns.shape[0], patterns.shape[2], dtype=patterns.dtype)
+    return torch.stack(by_role).amax(0)
 
 
 @dataclass
@@ -116,34 +185,42 @@ class HeadScores:
 
 def score_heads(
     patterns: Float[Tensor, "layer batch head_index query_pos key_pos"], tokens: Int[Tensor, "batch pos"], task: Task,
-    thresholds: dict[str, float] | None = None,
+    thresholds: dict[str, float] | None = None, by_role: bool = True,
 ) -> HeadScores:
-    """Scores of every kind for every head, and labels, from patterns already computed."""
+    """Scores of every kind for every head, and labels, from patterns already computed.
+    `by_role=False` averages over all queries instead of taking the best role."""
     thresholds = thresholds or DEFAULT_THRESHOLDS
     n_keys = allowed_keys(tokens, task).sum(-1)
     masks = target_masks(tokens, task)
-    scores = torch.stack([relative_mass(patterns, *masks[kind], n_keys) for kind in HEAD_KINDS])
+    roles, no_roles = segment_roles(tokens, task), torch.zeros_like(tokens)
+    scores = torch.stack([best_role_mass(patterns, *masks[kind], n_keys, roles if by_role and kind in HOP_KINDS else no_roles)
+                          for kind in HEAD_KINDS])
     return HeadScores(scores, label_heads(scores, thresholds), dict(thresholds))
 
 
-def label_heads(scores: Float[Tensor, "kind layer head_index"], thresholds: dict[str, float]) -> list[list[str]]:
-    best = scores.argmax(0)
+def label_heads(scores: Float[Tensor, "kind layer head_index"], thresholds: dict[str, float],
+                kinds: tuple[str, ...] = HEAD_KINDS) -> list[list[str]]:
+    """Each head's best-scoring kind among `kinds` if it reaches its threshold, else "mixed"."""
+    scores = scores[[HEAD_KINDS.index(kind) for kind in kinds]]
     labels = []
     for layer in range(scores.shape[1]):
         row = []
         for head in range(scores.shape[2]):
-            kind = HEAD_KINDS[int(best[layer, head])]
-            row.append(kind if scores[HEAD_KINDS.index(kind), layer, head] >= thresholds[kind] else "mixed")
+            passing = {kind: float(scores[i, layer, head]) for i, kind in enumerate(kinds)
+                       if scores[i, layer, head] >= thresholds[kind]}
+            best = max(passing.values(), default=None)
+            row.append(next((kind for kind, score in passing.items() if score >= best - NEAR_BEST), "mixed"))
         labels.append(row)
     return labels
 
 
 def classify_heads(
-    model: HookedTransformer, task: Task, tokens: Int[Tensor, "batch pos"], thresholds: dict[str, float] | None = None
+    model: HookedTransformer, task: Task, tokens: Int[Tensor, "batch pos"], thresholds: dict[str, float] | None = None,
+    by_role: bool = True,
 ) -> HeadScores:
     """Run the model on `tokens` and score and label every head."""
     device = next(model.parameters()).device
-    return score_heads(attention_patterns(model, tokens.to(device)).cpu(), tokens, task, thresholds)
+    return score_heads(attention_patterns(model, tokens.to(device)).cpu(), tokens, task, thresholds, by_role)
 
 
 def calibrate_thresholds(tasks: list[Task], seeds: range = range(3), n_samples: int = 128) -> dict[str, dict[str, float]]:
@@ -154,25 +231,27 @@ def calibrate_thresholds(tasks: list[Task], seeds: range = range(3), n_samples: 
     """
     from models.config import ModelConfig
     from models.factory import build_model
+    from models.planted import PLANTED_KINDS
     from tasks import seeded_generator
 
     random_max = dict.fromkeys(HEAD_KINDS, -1.0)
     planted_min = dict.fromkeys(HEAD_KINDS, 2.0)
-    layouts = [(2, {f"*.{h}": kind for h, kind in enumerate(HEAD_KINDS)}),
-               (3, {f"{h % 3}.{h}": kind for h, kind in enumerate(HEAD_KINDS)})]
+    layouts = [(2, {f"*.{h}": kind for h, kind in enumerate(PLANTED_KINDS)}),
+               (3, {f"{h % 3}.{h}": kind for h, kind in enumerate(PLANTED_KINDS)})]
     for task in tasks:
         for seed in seeds:
             tokens = task.sample(n_samples, seeded_generator(seed), split="test").tokens
             for n_layers, plan in layouts:
-                cfg = ModelConfig(n_layers=n_layers, d_model=60, n_heads=len(HEAD_KINDS) + 1, d_head=12)
+                cfg = ModelConfig(n_layers=n_layers, d_model=60, n_heads=len(PLANTED_KINDS) + 1, d_head=12)
                 plain = score_heads(attention_patterns(build_model(cfg, task, seed=seed), tokens), tokens, task).scores
                 for i, kind in enumerate(HEAD_KINDS):
                     random_max[kind] = max(random_max[kind], plain[i].max().item())
                 planted_model = build_model(ModelConfig(**{**cfg.__dict__, "planted": plan}), task, seed=seed)
                 scores = score_heads(attention_patterns(planted_model, tokens), tokens, task).scores
                 for layer, heads in planted_model.planted_plan.items():
-                    for head, kind in heads.items():
-                        planted_min[kind] = min(planted_min[kind], scores[HEAD_KINDS.index(kind), layer, head].item())
+                    for head, planted in heads.items():
+                        for kind in (k for k in HEAD_KINDS if CALIBRATED_ON.get(k, k) == planted):
+                            planted_min[kind] = min(planted_min[kind], scores[HEAD_KINDS.index(kind), layer, head].item())
     return {kind: {"random_max": round(random_max[kind], 4), "planted_min": round(planted_min[kind], 4),
                    "threshold": round((random_max[kind] + planted_min[kind]) / 2, 2)} for kind in HEAD_KINDS}
 

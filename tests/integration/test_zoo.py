@@ -195,11 +195,12 @@ def test_a_curriculum_of_plain_models_follows_three_hops_through_heads_the_workb
     assert max(float(effects[cell]) for effects in (hop, second) for cell in manipulation) >= 0.3
 
 
-def test_a_learned_albert_follows_three_hops_through_heads_the_classifier_does_not_label(runs):
+def test_a_learned_albert_follows_three_hops_through_heads_the_classifier_labels_by_role(runs):
     """RESULTS.md, "The curriculum as one command": ALBERT seed 1 of the cpu-scale study (tied
     layers, the lego-three-hops-albert curriculum, nothing planted or mimicked) fits #0-#4 of n = 8
-    with the true rule; #1's element reaches #4 through L0H2 (.84) and L1H1 (.70), yet no head
-    scores past the association or manipulation threshold: the classifier labels every head mixed."""
+    with the true rule; #1's element reaches #4 through L0H2 (.84) and L1H1 (.70). Averaged over
+    every query the classifier labelled every head mixed; scored by role ("The classifier against
+    patching") L0H2 and L1H1 are manipulation heads and two late heads look up the parent clause."""
     run = runs("lego-three-hops-albert")
     assert run.config.model.tie_layers and run.config.model.planted == {} and run.config.train.mimic_steps == 0
     assert ZOO["lego-three-hops-albert"].curriculum == "lego-three-hops-albert"
@@ -209,4 +210,19 @@ def test_a_learned_albert_follows_three_hops_through_heads_the_classifier_does_n
     assert not any(rule.is_true_rule for rule in rules[5:])  # #5-#7: no extrapolation
     hop = hop_effects(run, depth=1, variable=4)
     assert float(hop[0, 2]) >= 0.6 and float(hop[1, 1]) >= 0.5
-    assert {label for row in head_labels(run) for label in row} == {"mixed"}
+    labels = head_labels(run)
+    assert labels[0][2] == labels[1][1] == "manipulation"
+    assert labels[2][3] == labels[3][3] == "parent"
+
+
+def test_the_classifier_check_counts_heads_that_carry_a_hop_and_their_labels(capsys):
+    """`python -m analyses.classifier_check` on the zoo's three-hop model ("The classifier against
+    patching"): scored by role, 6 of the 9 heads that carry >= 0.3 of a hop get a hop label, against
+    2 when every query is averaged; L3H3 looks up the parent clause."""
+    from analyses.classifier_check import main
+
+    assert main(["zoo/lego-three-hops", "--n-pairs", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "after parent" in out.split("L3H3", 1)[1].split("\n", 1)[0]
+    before, after = (line.split("recall ", 1)[1] for line in out.splitlines()[-2:])
+    assert int(after.split("/")[0]) >= int(before.split("/")[0]) + 3

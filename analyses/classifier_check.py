@@ -1,0 +1,104 @@
+"""Do the attention-pattern labels agree with causal evidence on learned LEGO models?
+
+    python -m analyses.classifier_check RUN_DIR [RUN_DIR ...] [--n-pairs 64]
+
+For each run, every head's *hop share*: exact head patching (`patch_head_out`, clean ->
+corrupted, normalised so 1 = the whole clean-corrupted difference) for a change that reaches
+variable #v only through hops: flip the group element at chain depth d (1 <= d < v) and read #v,
+over every such pair of supervised variables; the share is the largest. A head that carries
+>= CARRIES of a hop should get a hop label (association, parent or manipulation); a head with a hop
+label should not carry < IDLE of every hop. The labels are compared before (every query averaged,
+the kinds before parent existed) and after (`classify_heads` as it is: scored by role).
+
+Prints one line per head that matters and, per run and over all runs, recall (heads carrying
+>= CARRIES that got a hop label) and the idle labelled heads (hop label, carrying < IDLE).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from interp.attention import HOP_KINDS, classify_heads, label_heads
+from interp.patching import logit_diff_metric, patch_head_out
+from models.runs import load_run
+from tasks import seeded_generator
+
+CARRIES, IDLE = 0.3, 0.05
+OLD_KINDS = ("association", "manipulation", "broadcast", "previous", "self")  # the classifier before parent and roles
+
+
+def hop_shares(run, n_pairs: int = 64, seed: int = 1) -> Tensor:
+    """[layer, head]: the largest normalised exact-patching effect over (depth d, variable #v),
+    1 <= d < v <= the last supervised variable."""
+    supervised = [slot for slot, kept in enumerate(run.task.supervised_slots()) if kept]
+    last, best = max(supervised), None
+    for depth in range(1, last):
+        gen = seeded_generator(seed)
+        clean = run.task.sample(n_pairs, gen, split="test", aligned=True)
+        corrupted, _ = run.task.corrupt(clean, gen, depth=depth)
+        for variable in range(depth + 1, last + 1):
+            metric = logit_diff_metric(clean, corrupted, label_index=variable)
+            effects = patch_head_out(run.model, clean.tokens, corrupted.tokens, metric).values
+            best = effects if best is None else torch.maximum(best, effects)
+    if best is None:
+        raise ValueError(f"{run.path} supervises fewer than three variables: no hop to patch")
+    return best
+
+
+@dataclass
+class Agreement:
+    carriers: int  # heads carrying >= CARRIES of a hop
+    found: int  # of those, with a hop label
+    labelled: int  # heads with a hop label
+    idle: int  # of those, carrying < IDLE
+
+    def __add__(self, other: Agreement) -> Agreement:
+        return Agreement(*(a + b for a, b in zip(vars(self).values(), vars(other).values(), strict=True)))
+
+    def __str__(self) -> str:
+        recall = f"{self.found}/{self.carriers}" + (f" = {self.found / self.carriers:.2f}" if self.carriers else "")
+        return f"recall {recall}, idle labelled heads {self.idle} of {self.labelled}"
+
+
+def agreement(shares: Tensor, labels: list[list[str]]) -> Agreement:
+    hop = torch.tensor([[label in HOP_KINDS for label in row] for row in labels])
+    return Agreement(int((shares >= CARRIES).sum()), int(((shares >= CARRIES) & hop).sum()),
+                     int(hop.sum()), int(((shares < IDLE) & hop).sum()))
+
+
+def check_run(run_dir: str, n_pairs: int) -> tuple[Agreement, Agreement]:
+    run = load_run(run_dir)
+    tokens = run.task.sample(256, seeded_generator(0), split="test").tokens
+    after = classify_heads(run.model, run.task, tokens)
+    plain = classify_heads(run.model, run.task, tokens, by_role=False)
+    before = label_heads(plain.scores, after.thresholds, OLD_KINDS)
+    shares = hop_shares(run, n_pairs)
+    print(f"== {run_dir} ({run.config.heads_origin}); heads carrying >= {CARRIES} or labelled for a hop:")
+    for layer, row in enumerate(after.labels):
+        for head, label in enumerate(row):
+            share = float(shares[layer, head])
+            if share >= CARRIES or label in HOP_KINDS or before[layer][head] in HOP_KINDS:
+                scores = ", ".join(f"{kind} {float(after.score(kind)[layer, head]):.2f}" for kind in HOP_KINDS)
+                print(f"  L{layer}H{head}  hop {share:.2f}  before {before[layer][head]:<12} after {label:<12} ({scores})")
+    old, new = agreement(shares, before), agreement(shares, after.labels)
+    print(f"  before: {old}\n  after:  {new}")
+    return old, new
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="LEGO run folders (e.g. zoo/lego-three-hops)")
+    parser.add_argument("--n-pairs", type=int, default=64, help="clean/corrupted pairs per depth (default 64)")
+    args = parser.parse_args(argv)
+    totals = [check_run(run_dir, args.n_pairs) for run_dir in args.runs]
+    old, new = (sum(column[1:], column[0]) for column in zip(*totals, strict=True))
+    print(f"== all {len(args.runs)} runs\n  before: {old}\n  after:  {new}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
