@@ -58,15 +58,18 @@ reaching a later kept head's query, key or value input ("L1H3" -> "L2H0.v"), or 
 logits directly ("L1H3" -> "logits"). Ablating an edge gives that one input the sender's
 stand-in output instead of its own: the receiver's input is its residual stream minus
 (z_sender - z_stand_in) W_O of the sender, everything else unchanged (TransformerLens's split
-q/k/v inputs, `use_split_qkv_input`). Paths through MLPs are not edges: MLPs read the stream as
-it flows, like the embeddings. Starting from every edge among the kept heads, edges are dropped
+q/k/v inputs, `use_split_qkv_input`; with grouped key/value heads, each query head's own copy,
+`ungroup_grouped_query_attention`: both switched on for the call). Paths through MLPs are not
+edges: MLPs read the stream as it flows, like the embeddings. Starting from every edge among the kept heads, edges are dropped
 greedily, weakest path-patching effect first, while the faithfulness stays at the target; the
 edges left, their faithfulness under resample and under mean ablation, and the faithfulness with
 every edge ablated are the circuit's; under `rule="both"` an edge is dropped only while the mean
 ablation's faithfulness stays at its target too. One edge is dropped at a time, each tried with
 every other edge left kept, so two edges that cancel cannot be dropped together: dropping either
-alone breaks the cancellation. Greedy, so the edge set is small, not proven minimal. Where path
-patching is refused (post-LN, identity-augmented attention), there are no edges.
+alone breaks the cancellation. Greedy, so the edge set is small, not proven minimal. Edge
+ablation refuses the models path patching refuses (`interp.paths.check_path_patchable`: post-LN,
+identity-augmented attention, a norm after attention ...; the table is in docs/limits.md), and
+there the circuit has no edges.
 
 Shape glossary: batch = counterfactual pairs, pos, head_index, d_head.
 """
@@ -84,7 +87,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from interp.patching import Metric, _baselines, _mean_metric
-from interp.paths import INPUTS, PathPatchResult, check_path_patchable
+from interp.paths import INPUTS, PathPatchResult, check_path_patchable, per_head_inputs
 
 TARGET = 0.9
 ABLATIONS = ("resample", "mean")
@@ -258,10 +261,8 @@ def edge_faithfulness(
     n_heads = model.cfg.n_heads
     clean_metric, corrupted_metric, stand_in = _stand_ins(model, clean_tokens, corrupted_tokens, metric, ablation)
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    split = model.cfg.use_split_qkv_input
     out = []
-    try:
-        model.set_use_split_qkv_input(True)
+    with per_head_inputs(model, split_qkv=True):
         for edges in kept:
             deltas: dict[tuple[int, int], Tensor] = {}  # a kept head's output minus its stand-in's, in d_model
 
@@ -293,8 +294,6 @@ def edge_faithfulness(
             with model.hooks(fwd_hooks=hooks):
                 value = _mean_metric(metric, model(clean_tokens)).item()
             out.append((value - corrupted_metric) / (clean_metric - corrupted_metric))
-    finally:
-        model.set_use_split_qkv_input(split)
     return out
 
 

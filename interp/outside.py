@@ -20,7 +20,8 @@ number for the whole batch (e.g. the mean logit difference) goes through `scalar
 Nothing here reimplements patching: it calls `interp.patching`, `interp.atp`, `interp.paths`,
 `interp.circuit`, `interp.attention` and `interp.analysis`'s report sections, as `workbench
 analyze` does on a project run. Path patching is refused, with the option named, for model
-options it does not handle (`check_outside_path_patchable`); the circuit then has no edges.
+options it does not handle (`interp.paths.check_path_patchable`, the same check for every model;
+the table of options is in docs/limits.md); the circuit then has no edges.
 
 Head scores need no task: per head, the attention mass on each kind's targets relative to
 uniform attention (`interp.attention.relative_mass`), as the project's classifier measures:
@@ -354,44 +355,6 @@ def check_metric(model: HookedTransformer, pairs: PromptPairs, metric: Metric) -
 
 
 # ---------------------------------------------------------------------------------------------
-# Model options that path patching does not handle
-
-
-def check_outside_path_patchable(model: HookedTransformer) -> None:
-    """`interp.paths.check_path_patchable`, and the `HookedTransformerConfig` options of models
-    the workbench did not build that break its assumptions (each head's output reaches the
-    residual stream as an additive term through W_O, and a receiver's query, key and value are
-    ln1(its block's input) @ W_Q/W_K/W_V + bias at hook_q/k/v, one per head). ValueError naming
-    the option otherwise."""
-    cfg = model.cfg
-    if cfg.parallel_attn_mlp:
-        raise ValueError("path patching refuses parallel_attn_mlp=True: attention and MLP read the same residual "
-                         "stream, and path patching assumes sequential attention and MLP sublayers")
-    check_path_patchable(model)
-    try:
-        from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
-    except ImportError:  # older TransformerLens: no post-norm architectures
-        POST_NORM_ARCHITECTURES = ()  # noqa: N806
-    if getattr(cfg, "original_architecture", None) in POST_NORM_ARCHITECTURES:
-        raise ValueError(f"path patching refuses original_architecture={cfg.original_architecture!r}: its blocks "
-                         "normalise attention and MLP outputs before the residual add (post-norm), so a head's output "
-                         "does not reach later layers as an additive term")
-    if getattr(cfg, "use_normalization_before_and_after", False):
-        raise ValueError("path patching refuses use_normalization_before_and_after=True: the norm after attention "
-                         "(ln1_post) rescales the sum of the heads, so one head's output does not reach later layers "
-                         "as an additive term")
-    if getattr(cfg, "n_key_value_heads", None) is not None and not getattr(cfg, "ungroup_grouped_query_attention", False):
-        raise ValueError(f"path patching refuses grouped key/value heads (n_key_value_heads={cfg.n_key_value_heads}, "
-                         f"n_heads={cfg.n_heads}): a key or value is shared by several query heads, so it cannot be "
-                         "patched for one receiver head")
-    if cfg.positional_embedding_type == "shortformer":
-        raise ValueError("path patching refuses positional_embedding_type='shortformer': queries and keys add the "
-                         "positional embedding outside the residual stream that path patching recomputes them from")
-    if getattr(cfg, "load_in_4bit", False):
-        raise ValueError("path patching refuses load_in_4bit=True: it multiplies by W_Q, W_K and W_V directly")
-
-
-# ---------------------------------------------------------------------------------------------
 # Head scores without a task
 
 
@@ -571,7 +534,7 @@ def analyze_model(
     - attribution estimates per head (plain, GradDrop, `ig_steps`-step integrated gradients)
       judged against exact (`interp.atp.judge_estimates`);
     - path patching (`interp.paths.path_patch`) unless the model's options are refused
-      (`check_outside_path_patchable`; the reason is kept);
+      (`interp.paths.check_path_patchable`; the reason is kept);
     - the circuit graph (`interp.circuit.find_circuit`, target `circuit_target`);
     - head scores (`outside_head_scores`) on the clean and corrupted prompts, or `score_tokens`.
 
@@ -596,7 +559,7 @@ def analyze_model(
     residual = patch_residual(*args)
     estimates = judge_estimates(*args, "head", heads, ig_steps=ig_steps)
     try:
-        check_outside_path_patchable(model)
+        check_path_patchable(model)
         refused = None
     except ValueError as err:
         refused = str(err)

@@ -405,10 +405,12 @@ def _narrowed_last_queries(model: HookedTransformer, positions: Tensor) -> list[
     row per sequence, which the residual add broadcasts and `keep_label_rows` then picks at the
     label position. Only for bidirectional attention (a causal mask would index rows by query
     position) whose last block carries no hooks of its own (planted heads, identity-augmented
-    attention), else []."""
+    attention), and whose scores depend on a query's position only through its q (not ALiBi's
+    bias or log-n scaling, which would read the kept row as position 0), else []."""
     block, cfg = model.blocks[-1], model.cfg
     own_hooks = any(point.fwd_hooks for point in block.modules() if isinstance(point, HookPoint))
-    if cfg.attention_dir != "bidirectional" or own_hooks or cfg.use_split_qkv_input or cfg.use_attn_in:
+    by_position = cfg.positional_embedding_type == "alibi" or getattr(cfg, "use_logn_attn", False)
+    if cfg.attention_dir != "bidirectional" or own_hooks or cfg.use_split_qkv_input or cfg.use_attn_in or by_position:
         return []
     name = "hook_rot_q" if cfg.positional_embedding_type == "rotary" else "hook_q"
 
@@ -431,8 +433,23 @@ def _patched_runs(
     for chunk in masks.split(max(1, max_batch // n)):
         hook = partial(_patch_copies, source=source_act, masks=chunk)
         with model.hooks(fwd_hooks=[(hook_name, hook), *extra]):
-            out = model(resid_pre.repeat(len(chunk), 1, 1), start_at_layer=layer, stop_at_layer=stop_at_layer)
+            out = forward_from(model, resid_pre.repeat(len(chunk), 1, 1), layer, stop_at_layer=stop_at_layer)
         yield out.view(len(chunk), n, *out.shape[1:])
+
+
+def forward_from(model: HookedTransformer, resid: Float[Tensor, "batch pos d_model"], layer: int, **kwargs: Any) -> Tensor:
+    """`model(resid, start_at_layer=layer, **kwargs)`, with what a full forward gives every block
+    besides the residual stream: a shortformer model's positional embedding, which its blocks add
+    to the inputs of queries and keys (and which `start_at_layer` alone leaves out)."""
+    return model(resid, start_at_layer=layer, shortformer_pos_embed=shortformer_positions(model, resid), **kwargs)
+
+
+def shortformer_positions(model: HookedTransformer, resid: Float[Tensor, "batch pos d_model"]) -> Tensor | None:
+    """The positional embedding a shortformer model adds to queries' and keys' inputs in every
+    block, [batch pos d_model] (the same rows for every sequence); None for any other model."""
+    if model.cfg.positional_embedding_type != "shortformer":
+        return None
+    return model.pos_embed(torch.zeros(resid.shape[:2], dtype=torch.long, device=resid.device))
 
 
 def _patch_copies(act: Tensor, hook: Any, source: Tensor, masks: Tensor) -> Tensor:
@@ -454,7 +471,7 @@ def _runs_after_block(
         where = cells.positions[chunk][:, None, :, None]  # [cell 1 pos 1]
         resid = torch.where(where, group_post[cells.group_of[chunk]], target_post)  # [cell batch pos d_model]
         with model.hooks(fwd_hooks=list(final_hooks)):
-            logits = model(resid.flatten(0, 1), start_at_layer=layer + 1)
+            logits = forward_from(model, resid.flatten(0, 1), layer + 1)
         yield logits.view(len(chunk), n, *logits.shape[1:])
 
 

@@ -16,12 +16,19 @@ behaviour that this edge alone restores.
 Batched, without a forward per path: in a pre-LN model the residual stream is the sum of its
 components' outputs, so with everything but the sender frozen, the input of any later block is
 the target's plus delta = (z_source - z_target) W_O[head] of the sender. The receiver's q/k/v
-is its block's ln1 of that, through W_Q/W_K/W_V; it is swapped into stacked copies of the target
-run from the receiver's layer on, one copy per sender (downstream of the receiver everything
-recomputes). Direct effects need no rerun: unembed(ln_final(target's last residual + delta)).
+is its block's ln1 of that, through W_Q/W_K/W_V (plus the positional embedding for a shortformer
+model's q and k); it is swapped into stacked copies of the target run from the receiver's layer
+on, one copy per sender (downstream of the receiver everything recomputes). Direct effects need
+no rerun: unembed(ln_final(target's last residual + delta)), soft-capped where the model caps
+its logits.
 
-Refused: post-LN models (their residual stream is not a sum of components) and models with
-identity-augmented attention (their scores read the residual stream past W_Q/W_K).
+Grouped key/value heads (`n_key_value_heads`): a receiver is a query head, and its key and value
+are its own copy of its group's (TransformerLens's `ungroup_grouped_query_attention`, switched on
+for the call: the same numbers), so a k or v edge changes what that one head reads.
+
+Every `HookedTransformerConfig` option that changes how a head's output reaches a later head is
+either checked against `path_patch_reference` (tests/unit/test_model_options.py) or refused by
+`check_path_patchable`, naming the option; the table is in docs/limits.md.
 
 Shape glossary: batch = counterfactual pairs, pos = token positions, sender = (layer, head)
 flattened, d_model, d_head, head_index.
@@ -29,6 +36,8 @@ flattened, d_model, d_head, head_index.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +46,17 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from interp.patching import DEFAULT_MAX_BATCH, DIRECTIONS, Metric, _baselines, _mean_metric, _source_target, normalise
+from interp.patching import (
+    DEFAULT_MAX_BATCH,
+    DIRECTIONS,
+    Metric,
+    _baselines,
+    _mean_metric,
+    _source_target,
+    forward_from,
+    normalise,
+    shortformer_positions,
+)
 from models.factory import final_norm, is_post_norm
 
 INPUTS = ("q", "k", "v")  # a receiver head's inputs
@@ -81,15 +100,61 @@ def _finite_cells(values: Tensor) -> list[tuple[tuple[int, ...], float]]:
 
 
 def check_path_patchable(model: HookedTransformer) -> None:
-    """Path patching needs a residual stream that is the sum of its components' outputs."""
+    """Path patching and edge ablation (interp.circuit) need each head's output to reach later
+    layers as an additive term through W_O, and a receiver's q/k/v to be ln1(its block's input)
+    @ W_Q/W_K/W_V + bias at hook_q/k/v. ValueError naming the option that breaks it, if any
+    (the table of options: docs/limits.md)."""
+    cfg = model.cfg
     if is_post_norm(model):
-        raise ValueError("path patching needs a pre-LN model: in a post-LN model every block renormalises the "
+        raise ValueError("path patching refuses model.norm_position='post' (post-LN): every block renormalises the "
                          "residual stream, so a head's output does not reach later layers as an additive term")
     if any(hasattr(block.attn, "identity_a") for block in model.blocks):
-        raise ValueError("path patching does not handle identity-augmented attention (model.identity_attention): "
-                         "its scores read the residual stream directly, past the q/k inputs patched here")
-    if model.cfg.parallel_attn_mlp:
-        raise ValueError("path patching assumes sequential attention and MLP sublayers")
+        raise ValueError("path patching refuses model.identity_attention=true (identity-augmented attention): its "
+                         "scores and outputs read the residual stream directly, past the q/k/v inputs and the "
+                         "hook_z outputs patched here")
+    if getattr(cfg, "use_normalization_before_and_after", False):
+        raise ValueError("path patching refuses use_normalization_before_and_after=True: the norm after attention "
+                         "(ln1_post) rescales the sum of a layer's heads, so one head's output does not reach later "
+                         "layers as an additive term of its own")
+    if getattr(cfg, "original_architecture", None) in _post_norm_architectures():
+        raise ValueError(f"path patching refuses original_architecture={cfg.original_architecture!r}: its blocks "
+                         "normalise attention and MLP outputs before the residual add (post-norm), so a head's output "
+                         "does not reach later layers as an additive term")
+    if getattr(cfg, "load_in_4bit", False):
+        raise ValueError("path patching refuses load_in_4bit=True: it multiplies by W_Q, W_K, W_V and W_O directly, "
+                         "and 4-bit weights are not plain matrices")
+
+
+def _post_norm_architectures() -> set[str]:
+    try:
+        from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+    except ImportError:  # an older TransformerLens 3.x: no post-norm architectures
+        return set()
+    return set(POST_NORM_ARCHITECTURES)
+
+
+@contextmanager
+def per_head_inputs(model: HookedTransformer, split_qkv: bool = False) -> Iterator[None]:
+    """Within: every query head has its own key and value (`ungroup_grouped_query_attention`, a
+    no-op without grouped key/value heads: the same numbers, one copy per query head), so
+    `hook_k`/`hook_v` index query heads; with `split_qkv`, its own copy of each q/k/v input
+    (`use_split_qkv_input`). The model's settings are restored on the way out."""
+    cfg = model.cfg
+    saved = getattr(cfg, "ungroup_grouped_query_attention", False), cfg.use_split_qkv_input
+    try:
+        cfg.ungroup_grouped_query_attention = True
+        cfg.use_split_qkv_input = split_qkv or saved[1]
+        yield
+    finally:
+        cfg.ungroup_grouped_query_attention, cfg.use_split_qkv_input = saved
+
+
+def logits_from_resid(model: HookedTransformer, resid: Float[Tensor, "... pos d_model"]) -> Float[Tensor, "... pos d_vocab_out"]:
+    """What a full forward makes of the last block's output: the final norm, the unembedding and,
+    where the model caps its logits (`output_logits_soft_cap`), cap * tanh(logits / cap)."""
+    logits = model.unembed(final_norm(model, resid))
+    cap = getattr(model.cfg, "output_logits_soft_cap", -1.0)
+    return cap * torch.tanh(logits / cap) if cap is not None and cap > 0 else logits
 
 
 @torch.no_grad()
@@ -114,13 +179,14 @@ def path_patch(
     target_tokens = (corrupted_tokens if direction == DIRECTIONS[0] else clean_tokens)
     deltas = sender_deltas(model, cache, source, target)  # [sender batch pos d_model]
 
-    direct_raw = torch.stack([_mean_metric(metric, model.unembed(final_norm(model, cache[last][target] + delta)))
+    direct_raw = torch.stack([_mean_metric(metric, logits_from_resid(model, cache[last][target] + delta))
                               for delta in deltas]).view(n_layers, n_heads).cpu()
-    edges_raw = torch.full((n_layers, n_heads, n_layers, n_heads, len(INPUTS)), float("nan"))
+    edges_raw = torch.full((n_layers, n_heads, n_layers, n_heads, len(INPUTS)), float("nan"), dtype=direct_raw.dtype)
     for receiver_layer in range(1, n_layers):
         senders = deltas[: receiver_layer * n_heads]  # every head of an earlier layer
-        effects = _receiver_layer_edges(model, receiver_layer, cache[f"blocks.{receiver_layer}.hook_resid_pre"][target],
-                                        target_tokens, senders, metric, max_batch)  # [sender head input]
+        with per_head_inputs(model):
+            effects = _receiver_layer_edges(model, receiver_layer, cache[f"blocks.{receiver_layer}.hook_resid_pre"][target],
+                                            target_tokens, senders, metric, max_batch)  # [sender head input]
         edges_raw[:receiver_layer, :, receiver_layer] = effects.view(receiver_layer, n_heads, n_heads, len(INPUTS))
     return PathPatchResult(normalise(edges_raw, clean_metric, corrupted_metric), edges_raw,
                            normalise(direct_raw, clean_metric, corrupted_metric), direct_raw,
@@ -143,15 +209,18 @@ def _receiver_layer_edges(
     max_batch: int,
 ) -> Float[Tensor, "sender head input"]:
     """For every sender and every head of `layer`, and each of its inputs: the metric when that
-    input alone is computed from the residual stream with the sender's change in it."""
+    input alone is computed from the residual stream with the sender's change in it. Grouped
+    key/value heads must be ungrouped (`per_head_inputs`): hook_k and hook_v index query heads."""
     attn, n = model.blocks[layer].attn, target_resid.shape[0]
     normalised = model.blocks[layer].ln1(target_resid + senders)  # [sender batch pos d_model]
+    positions = shortformer_positions(model, target_resid)  # added to q's and k's inputs, or None
     weights = {"q": (attn.W_Q, attn.b_Q), "k": (attn.W_K, attn.b_K), "v": (attn.W_V, attn.b_V)}
-    out = torch.empty(len(senders), model.cfg.n_heads, len(INPUTS))
+    out = torch.empty(len(senders), model.cfg.n_heads, len(INPUTS), dtype=target_resid.dtype)
     per_run = max(1, max_batch // n)
     for i, name in enumerate(INPUTS):
         w, b = weights[name]
-        patched = torch.einsum("sbpd,hde->sbphe", normalised, w) + b  # [sender batch pos head d_head]
+        inputs = normalised if positions is None or name == "v" else normalised + positions
+        patched = torch.einsum("sbpd,hde->sbphe", inputs, w) + b  # [sender batch pos head d_head]
         for head in range(model.cfg.n_heads):
             for chunk in torch.arange(len(senders)).split(per_run):
                 values = patched[chunk, ..., head, :].flatten(0, 1)  # [copies*batch pos d_head]
@@ -161,8 +230,8 @@ def _receiver_layer_edges(
                     return activation
 
                 with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_{name}", swap)]):
-                    logits = model(target_resid.repeat(len(chunk), 1, 1), start_at_layer=layer,
-                                   tokens=target_tokens.repeat(len(chunk), 1))
+                    logits = forward_from(model, target_resid.repeat(len(chunk), 1, 1), layer,
+                                          tokens=target_tokens.repeat(len(chunk), 1))
                 logits = logits.view(len(chunk), n, *logits.shape[1:])
                 out[chunk, head, i] = torch.stack([_mean_metric(metric, copy) for copy in logits]).cpu()
     return out
@@ -174,7 +243,16 @@ def path_patch_reference(
 ) -> float:
     """One path by the textbook recipe, two hooked TransformerLens forwards (the slow reference
     the tests check `path_patch` against). Returns the raw mean metric. `receiver` None: the
-    direct path to the logits."""
+    direct path to the logits. A receiver is a query head, with its own copy of a grouped key and
+    value (`per_head_inputs`)."""
+    with per_head_inputs(model):
+        return _path_reference(model, clean_tokens, corrupted_tokens, metric, sender, receiver, direction)
+
+
+def _path_reference(
+    model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
+    sender: tuple[int, int], receiver: tuple[int, int, str] | None, direction: str,
+) -> float:
     clean_first = direction == DIRECTIONS[0]
     source_tokens, target_tokens = (clean_tokens, corrupted_tokens) if clean_first else (corrupted_tokens, clean_tokens)
     _, source_cache = model.run_with_cache(source_tokens)

@@ -22,13 +22,12 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from interp.outside import (
     PromptPairs,
     analyze_model,
-    check_outside_path_patchable,
     hand_set_induction_model,
     induction_prompt_pairs,
     scalar_metric,
 )
 from interp.patching import attribute_head_out, patch_head_out, patch_residual
-from interp.paths import path_patch
+from interp.paths import check_path_patchable, path_patch
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADS = {"previous": (0, 0), "self": (0, 1), "induction": (1, 0), "first": (1, 1)}
@@ -61,6 +60,7 @@ def random_model(**options) -> HookedTransformer:
         return HookedTransformer(HookedTransformerConfig(**{**cfg, **options}))
 
 
+TINY_PAIRS = PromptPairs.from_lists([[1, 2, 3, 4, 2]] * 2, [[1, 5, 3, 4, 5]] * 2, [3, 6], [7, 8])
 WORDS = ["<bos>", "When", " Mary", " and", " John", " went", " to", " the", " store", ",", " gave", " a", " drink"]
 
 
@@ -180,22 +180,27 @@ def test_the_wrapper_matches_on_a_model_with_norms_mlps_and_a_tokenizer(word_mod
 # Refused options and bad inputs
 
 
-@pytest.mark.parametrize("options, named", [
-    ({"n_key_value_heads": 1}, "n_key_value_heads"),
-    ({"normalization_type": "RMS", "use_normalization_before_and_after": True}, "use_normalization_before_and_after"),
-    ({"positional_embedding_type": "shortformer"}, "shortformer"),
-    ({"parallel_attn_mlp": True}, "parallel_attn_mlp"),
-])
-def test_path_patching_refuses_options_it_does_not_handle_by_name(options, named):
-    model = random_model(**options)
-    with pytest.raises(ValueError, match=named):
-        check_outside_path_patchable(model)
-    if named == "n_key_value_heads":  # everything else still runs; the report says why there are no edges
-        pairs = PromptPairs.from_lists([[1, 2, 3, 4, 2]] * 2, [[1, 5, 3, 4, 5]] * 2, [3, 6], [7, 8])
-        analysis = analyze_model(model, pairs)
-        assert analysis.patching.paths is None and named in analysis.patching.paths_refused
-        assert analysis.patching.circuit.edges == [] and analysis.patching.heads.values.shape == (2, 2)
-        assert "Not computed: path patching refuses grouped key/value heads" in analysis.report().to_html()
+def test_a_refused_option_is_named_and_everything_else_still_runs():
+    """A norm after attention as well as before: path patching would give wrong numbers
+    (tests/unit/test_model_options.py), so it is refused by name; the report says why there are
+    no edges, and every other analysis runs."""
+    model = random_model(normalization_type="RMS", use_normalization_before_and_after=True)
+    with pytest.raises(ValueError, match="use_normalization_before_and_after"):
+        check_path_patchable(model)
+    analysis = analyze_model(model, TINY_PAIRS)
+    assert analysis.patching.paths is None and "use_normalization_before_and_after" in analysis.patching.paths_refused
+    assert analysis.patching.circuit.edges == [] and analysis.patching.heads.values.shape == (2, 2)
+    assert "Not computed: path patching refuses use_normalization_before_and_after=True" in analysis.report().to_html()
+
+
+@pytest.mark.parametrize("options", [{"n_key_value_heads": 1}, {"positional_embedding_type": "shortformer"},
+                                     {"parallel_attn_mlp": True}], ids=lambda options: next(iter(options)))
+def test_options_path_patching_once_refused_now_get_edges(options):
+    """Grouped key/value heads, shortformer positions and parallel attention and MLP: path
+    patching and edge ablation equal their slow references there (tests/unit/test_model_options.py)."""
+    analysis = analyze_model(random_model(**options), TINY_PAIRS)
+    assert analysis.patching.paths_refused is None and analysis.patching.paths is not None
+    assert analysis.patching.circuit.n_edges > 0
 
 
 def test_hand_set_model_accepts_ids_and_vocab_strings_alike():
