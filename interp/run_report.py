@@ -7,7 +7,8 @@ import html
 import json
 from pathlib import Path
 
-from interp.analysis import RunAnalysis, analysis_sections, read_analysis, task_analysis
+from interp.analysis import RunAnalysis, read_analysis, task_analysis
+from interp.analysis_html import analysis_sections
 from interp.attention import attention_patterns
 from interp.report import Report, figure_html, table_html
 from models.runs import ANALYSIS, REPORT, LoadedRun, RunFolderError

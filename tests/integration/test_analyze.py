@@ -93,7 +93,7 @@ def test_analyze_needs_a_trained_run(tmp_path):
     (0.93, 0.1, "of little meaning"), (None, 5.0, "undefined"),
 ])
 def test_the_report_says_how_far_attribution_agrees_with_exact(agreement, gap, says):
-    from interp.analysis import _agreement_note
+    from interp.analysis_html import _agreement_note
 
     heads = {"clean_metric": gap, "corrupted_metric": 0.0, "layers": [0, 1], "values": [[0.1, -0.7], [0.0, 0.3]]}
     estimate = {"layers": [0, 1], "values": [[0.6, 0.0], [0.05, 0.2]]}
