@@ -2,9 +2,9 @@
 task's own counterfactual pairs, then the task's own steps (probes, solution verdict), which
 this module knows only through the registry `TASK_ANALYSES`: each module of `interp/tasks/`
 registers its task's `TaskAnalysis` (`register_analysis`). `analyze_run` returns a `RunAnalysis`
-(the objects that measured); `write_analysis` writes its `to_dict()` as analysis.json, which
-`read_analysis` reads back. The report's sections are built from that written form by
-`interp.analysis_html`.
+(the objects that measured); `write_analysis` writes its `to_dict()` as analysis.json (schema
+SCHEMA), which `read_analysis` reads back, upgrading a file of an older schema one version at a
+time (UPGRADES). The report's sections are built from that written form by `interp.analysis_html`.
 
 Adding a task: one file in `tasks/` implementing `tasks.Task` (registered with
 `tasks.registry.register_task`), and one in `interp/tasks/` registering its `TaskAnalysis` and
@@ -12,6 +12,7 @@ default preset."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -29,13 +30,14 @@ from transformer_lens import HookedTransformer
 from interp.atp import Judged, judge_estimates
 from interp.attention import HeadScores, classify_heads
 from interp.circuit import Circuit, find_circuit, head_name
-from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual
+from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual, spearman
 from interp.paths import PathPatchResult, check_path_patchable, path_patch
 from models.planted import parse_planted
 from models.runs import ANALYSIS, LoadedRun, RunFolderError, atomic_write_bytes, read_json
 from tasks import Batch, ConfigError, Task, logits_at_labels, seeded_generator
 
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
+SCHEMA = 2  # the version of analysis.json written, as "schema"; a file without one is version 1 (UPGRADES)
 
 
 @dataclass
@@ -109,10 +111,10 @@ class RunAnalysis:
     weights: dict[str, Any] | None = None  # the step and sha256 of the weights analysed (models.runs.WeightsStamp)
 
     def to_dict(self) -> dict[str, Any]:
-        written = {"run": self.run, "task": self.task, "heads": {**self.heads.to_dict(), "planted": dict(self.planted)},
-                   "patching": self.patching.to_dict(), "probes": None if self.probes is None else self.probes.to_dict(),
-                   "verdict": self.verdict.to_dict(), "seconds": self.seconds}
-        return written if self.weights is None else {**written, "weights": dict(self.weights)}
+        return {"schema": SCHEMA, "run": self.run, "task": self.task,
+                "heads": {**self.heads.to_dict(), "planted": dict(self.planted)}, "patching": self.patching.to_dict(),
+                "probes": None if self.probes is None else self.probes.to_dict(), "verdict": self.verdict.to_dict(),
+                "seconds": self.seconds, "weights": None if self.weights is None else dict(self.weights)}
 
 
 @dataclass(frozen=True)
@@ -263,31 +265,101 @@ def write_analysis(run: LoadedRun, analysis: RunAnalysis) -> Path:
 
 
 def read_analysis(run_dir: Path) -> dict[str, Any] | None:
-    """The run's analysis.json (`RunAnalysis.to_dict`'s form), or None where it has none;
-    RunFolderError naming the file and what is wrong where it is not JSON or not an analysis."""
+    """The run's analysis.json in the form this code writes (`RunAnalysis.to_dict`'s, schema
+    SCHEMA: an older file is upgraded, `upgraded`), or None where it has none; RunFolderError
+    naming the file and what is wrong where it is not JSON, not an analysis, or of a newer schema."""
     path = Path(run_dir) / ANALYSIS
     if not path.exists():
         return None
+    again = f"run `workbench analyze {run_dir}` again"
     try:
         data = read_json(path)
     except RunFolderError as err:
-        raise RunFolderError(f"{err}; run `workbench analyze {run_dir}` again") from None
-    problem = _analysis_problem(data)
+        raise RunFolderError(f"{err}; {again}") from None
+    problem = _schema_problem(data)
+    if problem is None:
+        data = upgraded(data)
+        problem = _analysis_problem(data)
     if problem:
-        raise RunFolderError(f"{path} {problem}; run `workbench analyze {run_dir}` again")
-    return {"probes": None, **data}
+        raise RunFolderError(f"{path} {problem}; {again}")
+    return data
 
 
-ANALYSIS_FIELDS = {"run": (str, "a string"), "task": (str, "a string"), "heads": (dict, "an object"),
-                   "patching": (dict, "an object"), "probes": ((dict, type(None)), "an object or null"),
-                   "verdict": (dict, "an object"), "seconds": ((int, float), "a number")}
-
-
-def _analysis_problem(data: Any) -> str | None:
-    """What keeps `data` from being an analysis.json (its top level), or None."""
+def _schema_problem(data: Any) -> str | None:
+    """What keeps `data` from being upgraded: not an object, or no schema this code reads; or None."""
     if not isinstance(data, dict):
         return f"is not a JSON object but {type(data).__name__}"
-    missing = [name for name in ANALYSIS_FIELDS if name not in data and name != "probes"]
+    version = data.get("schema", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        return f"holds schema={version!r}, which is no version of analysis.json (1 to {SCHEMA})"
+    if version > SCHEMA:
+        return (f"is analysis.json schema {version}, newer than this workbench reads (schema 1 to {SCHEMA}): "
+                f"update interp-workbench to read it, or rewrite it as schema {SCHEMA}")
+    return None
+
+
+def upgraded(data: dict[str, Any]) -> dict[str, Any]:
+    """An analysis.json of any schema up to SCHEMA in the form of SCHEMA, one version at a time."""
+    for version in range(data.get("schema", 1), SCHEMA):
+        data = UPGRADES[version](data)
+    return data
+
+
+# What the writers of schema 1 (no "schema" key) left out at one time or another, with the value
+# that says "not recorded"; a key is filled where the object that holds it is there
+_CIRCUIT = ("patching", "paths", "circuit")  # where analysis.json holds the circuit
+SCHEMA_1_GAPS: list[tuple[tuple[str, ...], Any]] = [
+    (("probes",), None), (("weights",), None), (("heads", "planted"), {}),
+    (("patching", "heads_attribution_verified"), None), (("patching", "heads_estimates_verified"), {}),
+    (("patching", "paths"), None), (_CIRCUIT, None), ((*_CIRCUIT, "ablation"), "resample"),
+    *(((*_CIRCUIT, key), None) for key in ("faithfulness_mean", "edge_faithfulness", "edge_faithfulness_mean",
+                                           "no_edge_faithfulness")),
+    ((*_CIRCUIT, "candidate_edges"), 0),
+]
+
+
+def _upgrade_from_1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2: every field a schema-1 writer could leave out, as not recorded
+    (SCHEMA_1_GAPS), but attribution's Spearman with exact: computed from the two written head
+    maps, as the writer computes it."""
+    patching = data.get("patching")
+    if isinstance(patching, dict) and "heads_attribution_spearman" not in patching:
+        patching["heads_attribution_spearman"] = _written_spearman(patching)
+    for keys, value in SCHEMA_1_GAPS:
+        _fill(data, keys, value)
+    return {"schema": 2, **data}
+
+
+UPGRADES = {1: _upgrade_from_1}  # version -> its upgrade to the next
+
+
+def _fill(data: dict[str, Any], keys: tuple[str, ...], value: Any) -> None:
+    """Set data[keys[0]]...[keys[-1]] to a copy of `value` where it is missing and every object
+    above it is there."""
+    for key in keys[:-1]:
+        data = data.get(key) if isinstance(data, dict) else None
+    if isinstance(data, dict) and keys[-1] not in data:
+        data[keys[-1]] = copy.deepcopy(value)
+
+
+def _written_spearman(patching: dict[str, Any]) -> float | None:
+    """Attribution's Spearman with exact from the written maps (None where undefined or unreadable)."""
+    try:
+        value = spearman(torch.tensor(patching["heads_attribution"]["values"]), torch.tensor(patching["heads"]["values"]))
+    except (KeyError, TypeError, ValueError):  # a damaged file: the report names it when it draws the maps
+        return None
+    return value if math.isfinite(value) else None
+
+
+ANALYSIS_FIELDS = {"schema": (int, "an integer"), "run": (str, "a string"), "task": (str, "a string"),
+                   "heads": (dict, "an object"), "patching": (dict, "an object"),
+                   "probes": ((dict, type(None)), "an object or null"), "verdict": (dict, "an object"),
+                   "seconds": ((int, float), "a number"), "weights": ((dict, type(None)), "an object or null")}
+
+
+def _analysis_problem(data: dict[str, Any]) -> str | None:
+    """What keeps `data`, upgraded, from being an analysis.json (its top level), or None."""
+    missing = [name for name in ANALYSIS_FIELDS if name not in data]
     if missing:
         return f"lacks {missing}"
     wrong = [f"{name} must be {kind}" for name, (types, kind) in ANALYSIS_FIELDS.items() if not isinstance(data.get(name), types)]

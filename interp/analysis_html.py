@@ -18,12 +18,13 @@ ESTIMATE_NAMES = {"atp": "attribution", "graddrop": "GradDrop", "ig4": "integrat
 
 def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
     """Verdict, heads, patching and probes, appended to `report`, from an analysis in its written
-    form (`RunAnalysis.to_dict()`, or analysis.json as `read_analysis` gives it): one place builds
-    the HTML, whether the analysis was just made or read back."""
+    form (`RunAnalysis.to_dict()`, or analysis.json as `read_analysis` gives it, upgraded to the
+    current schema: a field older files lack is None there): one place builds the HTML, whether
+    the analysis was just made or read back."""
     steps = task_analysis(analysis["task"])
     report.add("Verdict", steps.verdict_html(analysis["verdict"]))
     heads = analysis["heads"]
-    planted = heads.get("planted") or {}
+    planted = heads["planted"]
     listed = ", ".join(f"{_head_name(where)} {kind}" for where, kind in planted.items())
     note = f"<p>Planted (hardcoded, not learned) heads: {html.escape(listed)}.</p>" if planted else ""
     report.add("Attention heads", note + figure_html(plots.head_score_heatmaps(heads["scores"], heads["labels"]),
@@ -31,11 +32,12 @@ def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
                + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]]))
     patching = analysis["patching"]
     report.add("Activation patching", _patching_html(patching))
-    if "paths" in patching:  # analyses written before path patching lack it
-        report.add("Path patching", _paths_html(patching["paths"], heads["labels"]))
-        if "circuit" in patching["paths"]:
-            report.add("Circuit", _circuit_html(patching["paths"]["circuit"], heads["labels"]))
-    if steps.probes_html is not None and analysis.get("probes") is not None:
+    paths = patching["paths"]  # None: an analysis written before path patching
+    if paths is not None:
+        report.add("Path patching", _paths_html(paths, heads["labels"]))
+        if paths["circuit"] is not None:
+            report.add("Circuit", _circuit_html(paths["circuit"], heads["labels"]))
+    if steps.probes_html is not None and analysis["probes"] is not None:
         report.add("Probes", steps.probes_html(analysis["probes"]))
 
 
@@ -97,9 +99,9 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
                f"no set of heads reaches the target {circuit['target']:.2f}: with all {total} kept, "
                f"{circuit['faithfulness']:.2f} (the rest is carried by MLPs and embeddings on the clean input)")
     curve = ", ".join(f"{k}: {value:.2f}" for k, value in enumerate(circuit["curve"]))
-    mean = circuit.get("faithfulness_mean")  # absent from analysis.json files written before it existed
+    mean = circuit["faithfulness_mean"]  # None in analysis.json files written before it existed
     cross = (f" The same heads with every other head mean-ablated instead (its mean output per position): "
-             f"{mean:.2f}." if isinstance(mean, (int, float)) else "")
+             f"{mean:.2f}." if mean is not None else "")
     return (f"<p>{html.escape(verdict)}. Every other head is resample-ablated (its output taken from the paired "
             f"corrupted input); heads join by |exact patching effect|.{html.escape(cross)} "
             f"{html.escape(_edges_sentence(circuit))}</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
@@ -108,10 +110,10 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
 
 def _edges_sentence(circuit: dict[str, Any]) -> str:
     """How the drawn edges were chosen, and what they keep."""
-    if circuit.get("edge_faithfulness") is None:  # path patching refused the model, or an older analysis.json
-        if circuit.get("edges"):
+    if circuit["edge_faithfulness"] is None:  # path patching refused the model, or an older analysis.json
+        if circuit["edges"]:
             return "Edges: path patching between kept heads and to the logits, drawn where |value| >= 0.05, not ablated."
-        return ("No edges: no head is kept." if not circuit.get("nodes") else
+        return ("No edges: no head is kept." if not circuit["nodes"] else
                 "No edges: path patching does not apply to this model.")
     return (f"Edges: {len(circuit['edges'])} of the {circuit['candidate_edges']} edges among the kept heads (a head's "
             f"output into a later kept head's query, key or value, or into the logits directly), left after dropping "
@@ -124,8 +126,8 @@ def _edges_sentence(circuit: dict[str, Any]) -> str:
 
 def _estimates_cost(patching: dict[str, Any]) -> str:
     """AtP*'s yardstick for each per-head estimate, and where the rest is measured."""
-    judged = {name: one for name, one in patching.get("heads_estimates_verified", {}).items() if one}
-    if not judged:  # an analysis written before it, or nothing to find
+    judged = {name: one for name, one in patching["heads_estimates_verified"].items() if one}
+    if not judged:  # nothing to find, or an analysis written before it
         return ""
     one = next(iter(judged.values()))
     costs = ", ".join(f"{ESTIMATE_NAMES.get(name, name)} {found['heads']} (Spearman "
@@ -137,12 +139,10 @@ def _estimates_cost(patching: dict[str, Any]) -> str:
 
 
 def _agreement_note(patching: dict[str, Any]) -> str:
-    if "heads_attribution_spearman" not in patching:  # an analysis written before it
-        return ""
     agreement = patching["heads_attribution_spearman"]
     if agreement is None:
         return "Its agreement with exact patching is undefined: one of the two maps is constant."
-    verified = patching.get("heads_attribution_verified")
+    verified = patching["heads_attribution_verified"]
     cost = ("" if not verified else f" Patching heads exactly in attribution's order finds exact's top {verified['k']} "
             f"after {verified['heads']} of {verified['of']} heads (AtP*'s yardstick).") + _estimates_cost(patching)
     gap = abs(patching["heads"]["clean_metric"] - patching["heads"]["corrupted_metric"])

@@ -97,12 +97,12 @@ def test_the_report_says_how_far_attribution_agrees_with_exact(agreement, gap, s
 
     heads = {"clean_metric": gap, "corrupted_metric": 0.0, "layers": [0, 1], "values": [[0.1, -0.7], [0.0, 0.3]]}
     estimate = {"layers": [0, 1], "values": [[0.6, 0.0], [0.05, 0.2]]}
-    patching = {"heads_attribution_spearman": agreement, "heads": heads, "heads_attribution": estimate}
+    patching = {"heads_attribution_spearman": agreement, "heads": heads, "heads_attribution": estimate,
+                "heads_attribution_verified": None, "heads_estimates_verified": {}}
     note = _agreement_note(patching)
     assert says in note
     if agreement is not None and gap > 1:  # the heads that matter most, by |effect|, from both maps
         assert "exact: L0H1 -0.70, L1H1 0.30, L0H0 0.10; attribution: L0H0 0.60, L1H1 0.20, L1H0 0.05." in note
-    assert _agreement_note({"heads": heads}) == ""  # analyses written before the field
 
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -191,9 +191,9 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     """`analyze_run` hands back the objects that measured (head scores, patch results, the
     circuit, the probe map, the task's verdict), not JSON dicts. Written, it has the key tree of
     an analysis.json made by the dict-based code (9f7496e, tests/data/) of the same tiny run, but
-    the composite verdict's new per-key-position rates and the analysed weights' step and digest;
-    and such an older file still renders."""
-    from interp.analysis import analyze_run, read_analysis, write_analysis
+    the composite verdict's new per-key-position rates, the analysed weights' step and digest and
+    the schema version; and such an older file still renders."""
+    from interp.analysis import SCHEMA, analyze_run, read_analysis, write_analysis
     from interp.attention import HeadScores
     from interp.circuit import Circuit
     from interp.patching import PatchResult
@@ -220,9 +220,67 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     if task == "composite":
         assert set(written["verdict"].pop("held_out_by_key_position")) == {"inferential", "symmetric"}
     assert written.pop("weights") == run.weights.to_dict()  # added since: which weights were analysed
+    assert written.pop("schema") == SCHEMA  # added since: the version of the format (older files are 1)
     assert _key_tree(written) == _key_tree(before)
     write_analysis(run, analysis)
     assert read_analysis(out) == json.loads(json.dumps(analysis.to_dict()))  # what was written comes back
     (out / "analysis.json").write_text(json.dumps(before))  # the older file renders every section
     page = build_run_report(run).to_html()
     assert all(f"<h2>{section}</h2>" in page for section in ["Verdict", "Activation patching", "Path patching", "Circuit"])
+
+
+DATA = Path(__file__).parents[1] / "data"
+# what the first writers of analysis.json left out (schema 1 has no "schema" key): absent, each is
+# read as not recorded, but attribution's Spearman, which is computed from the written maps
+OLDEST_GAPS = ("heads_attribution_spearman", "heads_attribution_verified", "heads_estimates_verified", "paths")
+
+
+@pytest.mark.parametrize("task", ["lego", "composite", "templates"])
+def test_a_schema_1_analysis_json_is_read_upgraded_and_renders(tmp_path, task):
+    """analysis.json files written before the schema key (tests/data, 9f7496e) read as the current
+    schema, every value of theirs kept, and render every section; so do the first writers' files,
+    which lack the later fields."""
+    from interp.analysis import SCHEMA, read_analysis
+
+    before = json.loads((DATA / f"analysis-9f7496e-{task}.json").read_text())
+    (tmp_path / "analysis.json").write_text(json.dumps(before))
+    read = read_analysis(tmp_path)
+    assert read == {**before, "schema": SCHEMA, "weights": None}  # not recorded then
+    page = _sections(read)
+    assert all(f"<h2>{section}</h2>" in page for section in ["Verdict", "Attention heads", "Activation patching",
+                                                               "Path patching", "Circuit"])
+    oldest = json.loads(json.dumps(before))
+    del oldest["probes"], oldest["heads"]["planted"]
+    for key in OLDEST_GAPS:
+        del oldest["patching"][key]
+    (tmp_path / "analysis.json").write_text(json.dumps(oldest))
+    read = read_analysis(tmp_path)
+    spearman = before["patching"]["heads_attribution_spearman"]
+    assert read["patching"]["heads_attribution_spearman"] == pytest.approx(spearman)
+    assert read["patching"]["paths"] is None and read["probes"] is None and read["heads"]["planted"] == {}
+    page = _sections(read)
+    assert f"Spearman correlation with exact: {spearman:.2f}" in page and "<h2>Path patching</h2>" not in page
+
+
+def _sections(analysis):
+    from interp.analysis_html import analysis_sections
+    from interp.report import Report
+
+    report = Report("an older analysis.json")
+    analysis_sections(report, analysis)
+    return report.to_html()
+
+
+@pytest.mark.parametrize("schema, says", [(3, "is analysis.json schema 3, newer than this workbench reads (schema 1 to 2)"),
+                                          ("2", "holds schema='2', which is no version of analysis.json (1 to 2)"),
+                                          (0, "holds schema=0")])
+def test_an_analysis_json_of_a_newer_or_no_schema_is_refused_naming_the_file_and_the_versions(tmp_path, schema, says):
+    from interp.analysis import SCHEMA, read_analysis
+    from models.runs import RunFolderError
+
+    assert SCHEMA == 2  # the messages above name it
+    written = {**json.loads((DATA / "analysis-9f7496e-lego.json").read_text()), "schema": schema}
+    (tmp_path / "analysis.json").write_text(json.dumps(written))
+    with pytest.raises(RunFolderError) as refused:
+        read_analysis(tmp_path)
+    assert str(refused.value).startswith(f"{tmp_path / 'analysis.json'} {says}")
