@@ -216,7 +216,8 @@ def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> Patch
         description, len(clean), run.task.token_strings(clean.tokens[0]), patch_residual(*args), heads,
         # per head: plain attribution, GradDrop and 4-step IG, judged against the exact sweep
         judge_estimates(*args, "head", heads, ig_steps=4),
-        # path patching's edges, and the circuit they draw between the fewest heads keeping 90% (interp/circuit.py)
+        # path patching's edges, and the circuit they draw between the fewest heads keeping 90%, with every larger
+        # set too (rule "stays", interp/circuit.py)
         paths, refused, find_circuit(*args, heads.values, paths))
 
 
@@ -314,7 +315,7 @@ SCHEMA_1_GAPS: list[tuple[tuple[str, ...], Any]] = [
     (("patching", "paths"), None), (_CIRCUIT, None), ((*_CIRCUIT, "ablation"), "resample"),
     *(((*_CIRCUIT, key), None) for key in ("faithfulness_mean", "edge_faithfulness", "edge_faithfulness_mean",
                                            "no_edge_faithfulness")),
-    ((*_CIRCUIT, "candidate_edges"), 0),
+    ((*_CIRCUIT, "candidate_edges"), 0), ((*_CIRCUIT, "rule"), "first"), ((*_CIRCUIT, "areas"), None),
 ]
 
 

@@ -14,6 +14,12 @@ from interp.report import Report, figure_html, table_html
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
 GOOD_AGREEMENT = 0.8  # Spearman of attribution with exact patching from which the report calls the rankings in agreement
 ESTIMATE_NAMES = {"atp": "attribution", "graddrop": "GradDrop", "ig4": "integrated gradients (4 steps)"}
+RULE_WORDS = {  # how the circuit's heads were chosen (interp.circuit.RULES)
+    "stays": "the first prefix from which every larger one keeps the target too (two heads that cancel when "
+             "ablated together cannot end it early)",
+    "first": "the first prefix that reaches the target",
+    "both": "the first prefix that reaches the target under resample and mean ablation alike",
+}
 
 
 def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
@@ -102,10 +108,27 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
     mean = circuit["faithfulness_mean"]  # None in analysis.json files written before it existed
     cross = (f" The same heads with every other head mean-ablated instead (its mean output per position): "
              f"{mean:.2f}." if mean is not None else "")
+    chosen = RULE_WORDS.get(circuit["rule"], circuit["rule"])
     return (f"<p>{html.escape(verdict)}. Every other head is resample-ablated (its output taken from the paired "
-            f"corrupted input); heads join by |exact patching effect|.{html.escape(cross)} "
+            f"corrupted input); heads join by |exact patching effect|, and the circuit is {html.escape(chosen)}."
+            f"{html.escape(cross)} "
             f"{html.escape(_edges_sentence(circuit))}</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
-            + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>")
+            + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>" + _areas_html(circuit["areas"]))
+
+
+def _areas_html(areas: dict[str, Any] | None) -> str:
+    """MIB's CPR and CMD of the faithfulness curves over heads and over edges ("" where not recorded)."""
+    if areas is None:  # an analysis.json written before they were
+        return ""
+    nodes = "; ".join(f"{name} ablation: CPR {one['cpr']:.2f}, CMD {one['cmd']:.2f}" for name, one in areas["nodes"].items())
+    edges = areas["edges"]
+    over_edges = "" if edges is None else (
+        f" Over the share of the model's {edges['n_edges']} edges kept, strongest path patching effect first (every "
+        f"head kept, {edges['ablation']} ablation): CPR {edges['cpr']:.2f}, CMD {edges['cmd']:.2f}.")
+    text = (f"As the MIB benchmark scores circuits, CPR is the area under the faithfulness curve over the share of "
+            f"heads kept (higher is better) and CMD the area under |1 - faithfulness| (0 is best). Over heads, "
+            f"{nodes}.{over_edges}")
+    return f"<p>{html.escape(text)}</p>"
 
 
 def _edges_sentence(circuit: dict[str, Any]) -> str:
