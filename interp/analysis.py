@@ -2,9 +2,9 @@
 task's own counterfactual pairs, then the task's own steps (probes, solution verdict), which
 this module knows only through the registry `TASK_ANALYSES`: each module of `interp/tasks/`
 registers its task's `TaskAnalysis` (`register_analysis`). `analyze_run` returns a `RunAnalysis`
-(the objects that measured); `write_analysis` writes its `to_dict()` as analysis.json;
-`analysis_sections` turns that written form (fresh, or read back by `read_analysis`) into report
-sections.
+(the objects that measured); `write_analysis` writes its `to_dict()` as analysis.json (schema
+SCHEMA), which `read_analysis` reads back, upgrading a file of an older schema one version at a
+time (UPGRADES). The report's sections are built from that written form by `interp.analysis_html`.
 
 Adding a task: one file in `tasks/` implementing `tasks.Task` (registered with
 `tasks.registry.register_task`), and one in `interp/tasks/` registering its `TaskAnalysis` and
@@ -12,7 +12,7 @@ default preset."""
 
 from __future__ import annotations
 
-import html
+import copy
 import json
 import math
 import time
@@ -27,20 +27,17 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from interp import plots
 from interp.atp import Judged, judge_estimates
 from interp.attention import HeadScores, classify_heads
-from interp.circuit import Circuit, circuit_svg, find_circuit, head_name
-from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual
+from interp.circuit import Circuit, find_circuit, head_name
+from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual, spearman
 from interp.paths import PathPatchResult, check_path_patchable, path_patch
-from interp.report import Report, figure_html, table_html
 from models.planted import parse_planted
 from models.runs import ANALYSIS, LoadedRun, RunFolderError, atomic_write_bytes, read_json
 from tasks import Batch, ConfigError, Task, logits_at_labels, seeded_generator
 
-MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
-GOOD_AGREEMENT = 0.8  # Spearman of attribution with exact patching from which the report calls the rankings in agreement
+SCHEMA = 2  # the version of analysis.json written, as "schema"; a file without one is version 1 (UPGRADES)
 
 
 @dataclass
@@ -74,6 +71,18 @@ class PatchingAnalysis:
         }
 
 
+def _verified(judged: Judged, k: int = 3, with_spearman: bool = False) -> dict[str, Any] | None:
+    """AtP*'s yardstick: heads verified in the estimate's order until exact's top k are found (of
+    all heads), and with_spearman its Spearman with exact (None where undefined); None when no head
+    changes the metric or the estimate is not finite."""
+    if judged.verified is None:
+        return None
+    found: dict[str, Any] = {"k": min(k, judged.n_cells), "heads": judged.verified, "of": judged.n_cells}
+    if with_spearman:
+        found["spearman"] = judged.spearman if math.isfinite(judged.spearman) else None
+    return found
+
+
 @runtime_checkable
 class Finding(Protocol):
     """What a task's findings (its verdict, its probe map) are: objects that write themselves as
@@ -89,7 +98,7 @@ Probes = Finding  # the task's probe map
 @dataclass
 class RunAnalysis:
     """What `workbench analyze` found in one run, as the objects that measured it; `to_dict` is
-    analysis.json, the form the report is built from (`analysis_sections`)."""
+    analysis.json, the form the report is built from (`interp.analysis_html.analysis_sections`)."""
 
     run: str
     task: str
@@ -102,10 +111,10 @@ class RunAnalysis:
     weights: dict[str, Any] | None = None  # the step and sha256 of the weights analysed (models.runs.WeightsStamp)
 
     def to_dict(self) -> dict[str, Any]:
-        written = {"run": self.run, "task": self.task, "heads": {**self.heads.to_dict(), "planted": dict(self.planted)},
-                   "patching": self.patching.to_dict(), "probes": None if self.probes is None else self.probes.to_dict(),
-                   "verdict": self.verdict.to_dict(), "seconds": self.seconds}
-        return written if self.weights is None else {**written, "weights": dict(self.weights)}
+        return {"schema": SCHEMA, "run": self.run, "task": self.task,
+                "heads": {**self.heads.to_dict(), "planted": dict(self.planted)}, "patching": self.patching.to_dict(),
+                "probes": None if self.probes is None else self.probes.to_dict(), "verdict": self.verdict.to_dict(),
+                "seconds": self.seconds, "weights": None if self.weights is None else dict(self.weights)}
 
 
 @dataclass(frozen=True)
@@ -207,7 +216,8 @@ def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> Patch
         description, len(clean), run.task.token_strings(clean.tokens[0]), patch_residual(*args), heads,
         # per head: plain attribution, GradDrop and 4-step IG, judged against the exact sweep
         judge_estimates(*args, "head", heads, ig_steps=4),
-        # path patching's edges, and the circuit they draw between the fewest heads keeping 90% (interp/circuit.py)
+        # path patching's edges, and the circuit they draw between the fewest heads keeping 90%, with every larger
+        # set too (rule "stays", interp/circuit.py)
         paths, refused, find_circuit(*args, heads.values, paths))
 
 
@@ -256,31 +266,101 @@ def write_analysis(run: LoadedRun, analysis: RunAnalysis) -> Path:
 
 
 def read_analysis(run_dir: Path) -> dict[str, Any] | None:
-    """The run's analysis.json (`RunAnalysis.to_dict`'s form), or None where it has none;
-    RunFolderError naming the file and what is wrong where it is not JSON or not an analysis."""
+    """The run's analysis.json in the form this code writes (`RunAnalysis.to_dict`'s, schema
+    SCHEMA: an older file is upgraded, `upgraded`), or None where it has none; RunFolderError
+    naming the file and what is wrong where it is not JSON, not an analysis, or of a newer schema."""
     path = Path(run_dir) / ANALYSIS
     if not path.exists():
         return None
+    again = f"run `workbench analyze {run_dir}` again"
     try:
         data = read_json(path)
     except RunFolderError as err:
-        raise RunFolderError(f"{err}; run `workbench analyze {run_dir}` again") from None
-    problem = _analysis_problem(data)
+        raise RunFolderError(f"{err}; {again}") from None
+    problem = _schema_problem(data)
+    if problem is None:
+        data = upgraded(data)
+        problem = _analysis_problem(data)
     if problem:
-        raise RunFolderError(f"{path} {problem}; run `workbench analyze {run_dir}` again")
-    return {"probes": None, **data}
+        raise RunFolderError(f"{path} {problem}; {again}")
+    return data
 
 
-ANALYSIS_FIELDS = {"run": (str, "a string"), "task": (str, "a string"), "heads": (dict, "an object"),
-                   "patching": (dict, "an object"), "probes": ((dict, type(None)), "an object or null"),
-                   "verdict": (dict, "an object"), "seconds": ((int, float), "a number")}
-
-
-def _analysis_problem(data: Any) -> str | None:
-    """What keeps `data` from being an analysis.json (its top level), or None."""
+def _schema_problem(data: Any) -> str | None:
+    """What keeps `data` from being upgraded: not an object, or no schema this code reads; or None."""
     if not isinstance(data, dict):
         return f"is not a JSON object but {type(data).__name__}"
-    missing = [name for name in ANALYSIS_FIELDS if name not in data and name != "probes"]
+    version = data.get("schema", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        return f"holds schema={version!r}, which is no version of analysis.json (1 to {SCHEMA})"
+    if version > SCHEMA:
+        return (f"is analysis.json schema {version}, newer than this workbench reads (schema 1 to {SCHEMA}): "
+                f"update interp-workbench to read it, or rewrite it as schema {SCHEMA}")
+    return None
+
+
+def upgraded(data: dict[str, Any]) -> dict[str, Any]:
+    """An analysis.json of any schema up to SCHEMA in the form of SCHEMA, one version at a time."""
+    for version in range(data.get("schema", 1), SCHEMA):
+        data = UPGRADES[version](data)
+    return data
+
+
+# What the writers of schema 1 (no "schema" key) left out at one time or another, with the value
+# that says "not recorded"; a key is filled where the object that holds it is there
+_CIRCUIT = ("patching", "paths", "circuit")  # where analysis.json holds the circuit
+SCHEMA_1_GAPS: list[tuple[tuple[str, ...], Any]] = [
+    (("probes",), None), (("weights",), None), (("heads", "planted"), {}),
+    (("patching", "heads_attribution_verified"), None), (("patching", "heads_estimates_verified"), {}),
+    (("patching", "paths"), None), (_CIRCUIT, None), ((*_CIRCUIT, "ablation"), "resample"),
+    *(((*_CIRCUIT, key), None) for key in ("faithfulness_mean", "edge_faithfulness", "edge_faithfulness_mean",
+                                           "no_edge_faithfulness")),
+    ((*_CIRCUIT, "candidate_edges"), 0), ((*_CIRCUIT, "rule"), "first"), ((*_CIRCUIT, "areas"), None),
+]
+
+
+def _upgrade_from_1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2: every field a schema-1 writer could leave out, as not recorded
+    (SCHEMA_1_GAPS), but attribution's Spearman with exact: computed from the two written head
+    maps, as the writer computes it."""
+    patching = data.get("patching")
+    if isinstance(patching, dict) and "heads_attribution_spearman" not in patching:
+        patching["heads_attribution_spearman"] = _written_spearman(patching)
+    for keys, value in SCHEMA_1_GAPS:
+        _fill(data, keys, value)
+    return {"schema": 2, **data}
+
+
+UPGRADES = {1: _upgrade_from_1}  # version -> its upgrade to the next
+
+
+def _fill(data: dict[str, Any], keys: tuple[str, ...], value: Any) -> None:
+    """Set data[keys[0]]...[keys[-1]] to a copy of `value` where it is missing and every object
+    above it is there."""
+    for key in keys[:-1]:
+        data = data.get(key) if isinstance(data, dict) else None
+    if isinstance(data, dict) and keys[-1] not in data:
+        data[keys[-1]] = copy.deepcopy(value)
+
+
+def _written_spearman(patching: dict[str, Any]) -> float | None:
+    """Attribution's Spearman with exact from the written maps (None where undefined or unreadable)."""
+    try:
+        value = spearman(torch.tensor(patching["heads_attribution"]["values"]), torch.tensor(patching["heads"]["values"]))
+    except (KeyError, TypeError, ValueError):  # a damaged file: the report names it when it draws the maps
+        return None
+    return value if math.isfinite(value) else None
+
+
+ANALYSIS_FIELDS = {"schema": (int, "an integer"), "run": (str, "a string"), "task": (str, "a string"),
+                   "heads": (dict, "an object"), "patching": (dict, "an object"),
+                   "probes": ((dict, type(None)), "an object or null"), "verdict": (dict, "an object"),
+                   "seconds": ((int, float), "a number"), "weights": ((dict, type(None)), "an object or null")}
+
+
+def _analysis_problem(data: dict[str, Any]) -> str | None:
+    """What keeps `data`, upgraded, from being an analysis.json (its top level), or None."""
+    missing = [name for name in ANALYSIS_FIELDS if name not in data]
     if missing:
         return f"lacks {missing}"
     wrong = [f"{name} must be {kind}" for name, (types, kind) in ANALYSIS_FIELDS.items() if not isinstance(data.get(name), types)]
@@ -290,166 +370,3 @@ def _analysis_problem(data: Any) -> str | None:
     if data["task"] not in known:
         return f"names task={data['task']!r}, which is unknown; known: {known}"
     return None
-
-
-def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
-    """Verdict, heads, patching and probes, appended to `report`, from an analysis in its written
-    form (`RunAnalysis.to_dict()`, or analysis.json as `read_analysis` gives it): one place builds
-    the HTML, whether the analysis was just made or read back."""
-    steps = task_analysis(analysis["task"])
-    report.add("Verdict", steps.verdict_html(analysis["verdict"]))
-    heads = analysis["heads"]
-    planted = heads.get("planted") or {}
-    listed = ", ".join(f"{_head_name(where)} {kind}" for where, kind in planted.items())
-    note = f"<p>Planted (hardcoded, not learned) heads: {html.escape(listed)}.</p>" if planted else ""
-    report.add("Attention heads", note + figure_html(plots.head_score_heatmaps(heads["scores"], heads["labels"]),
-               "Score per kind (0 = uniform attention, 1 = all mass on the kind's targets); * marks each head's label.")
-               + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]]))
-    patching = analysis["patching"]
-    report.add("Activation patching", _patching_html(patching))
-    if "paths" in patching:  # analyses written before path patching lack it
-        report.add("Path patching", _paths_html(patching["paths"], heads["labels"]))
-        if "circuit" in patching["paths"]:
-            report.add("Circuit", _circuit_html(patching["paths"]["circuit"], heads["labels"]))
-    if steps.probes_html is not None and analysis.get("probes") is not None:
-        report.add("Probes", steps.probes_html(analysis["probes"]))
-
-
-def _head_name(where: str) -> str:
-    """`"1.0"` -> `"L1H0"` (`"*.0"` -> `"L*H0"`)."""
-    layer, _, head = where.partition(".")
-    return f"L{layer}H{head}"
-
-
-def table_verdict_html(verdict: dict[str, Any]) -> str:
-    """A verdict section for tasks whose verdict names a solution (`verdict`), then its evidence."""
-    head = f"<p class='verdict'>Solution: {html.escape(verdict['verdict'])}</p>"
-    rows = [[k, json.dumps(v)] for k, v in verdict.items() if k != "verdict"]
-    return head + table_html(rows, ["evidence", "value"])
-
-
-def _patching_html(patching: dict[str, Any]) -> str:
-    resid, heads, attribution = patching["residual"], patching["heads"], patching["heads_attribution"]
-    parts = [f"<p>Counterfactual pairs: {html.escape(patching['pairs'])} ({html.escape(str(patching['n_pairs']))} pairs, one shared "
-             f"layout). Values are normalised: 0 = corrupted behaviour, 1 = clean (logit difference "
-             f"{resid['clean_metric']:.2f} clean vs {resid['corrupted_metric']:.2f} corrupted).</p>"]
-    if abs(resid["clean_metric"] - resid["corrupted_metric"]) < MIN_METRIC_GAP:
-        parts.append("<p><strong>Warning:</strong> the model barely tells clean from corrupted inputs apart, so the "
-                     "normalised values below divide by a near-zero gap and mean little.</p>")
-    parts.append(figure_html(plots.heatmap(resid["values"], "position", "layer", "residual stream (clean -> corrupted)",
-                                           patching["tokens"], -1.0, 1.0), "Exact patching of the residual stream at each layer and position."))
-    parts.append(figure_html(plots.heatmap(heads["values"], "head", "layer", "head outputs, exact", None, -1.0, 1.0),
-                             "Exact patching of each head's output at all positions."))
-    parts.append(figure_html(plots.heatmap(attribution["values"], "head", "layer", "head outputs, attribution", None, -1.0, 1.0),
-                             "Attribution patching (first-order estimate) of the same cells. " + _agreement_note(patching)))
-    return "".join(parts)
-
-
-def _paths_html(paths: dict[str, Any], labels: list[list[str]]) -> str:
-    if paths.get("refused"):
-        return f"<p>Not computed: {html.escape(str(paths['refused']))}.</p>"
-
-    def named(head: str) -> str:  # "L1H0" or "L1H0.v" -> with the head's label
-        name, _, port = str(head).partition(".")
-        layer, _, index = name[1:].partition("H")
-        try:
-            kind = labels[int(layer)][int(index)]
-        except (ValueError, IndexError):
-            return str(head)
-        return f"{name} ({kind}){'.' + port if port else ''}"
-
-    rows = [[named(sender), named(receiver), value] for sender, receiver, value in paths["strongest"]]
-    return ("<p>The strongest paths, on the same pairs and metric: a sender head's output changed to the clean "
-            "run's along one path only (every other head and MLP frozen), into a later head's query, key or value "
-            "input, or directly to the logits. Normalised like exact patching.</p>"
-            + table_html(rows, ["sender", "receiver", "value"]))
-
-
-def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
-    n_layers, n_heads = len(labels), len(labels[0])
-    kept, total = len(circuit["nodes"]), n_layers * n_heads
-    verdict = (f"{kept} of {total} heads keep {circuit['faithfulness']:.2f} of the behaviour (target "
-               f"{circuit['target']:.2f})" if circuit["reached"] else
-               f"no set of heads reaches the target {circuit['target']:.2f}: with all {total} kept, "
-               f"{circuit['faithfulness']:.2f} (the rest is carried by MLPs and embeddings on the clean input)")
-    curve = ", ".join(f"{k}: {value:.2f}" for k, value in enumerate(circuit["curve"]))
-    mean = circuit.get("faithfulness_mean")  # absent from analysis.json files written before it existed
-    cross = (f" The same heads with every other head mean-ablated instead (its mean output per position): "
-             f"{mean:.2f}." if isinstance(mean, (int, float)) else "")
-    return (f"<p>{html.escape(verdict)}. Every other head is resample-ablated (its output taken from the paired "
-            f"corrupted input); heads join by |exact patching effect|.{html.escape(cross)} "
-            f"{html.escape(_edges_sentence(circuit))}</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
-            + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>")
-
-
-def _edges_sentence(circuit: dict[str, Any]) -> str:
-    """How the drawn edges were chosen, and what they keep."""
-    if circuit.get("edge_faithfulness") is None:  # path patching refused the model, or an older analysis.json
-        if circuit.get("edges"):
-            return "Edges: path patching between kept heads and to the logits, drawn where |value| >= 0.05, not ablated."
-        return ("No edges: no head is kept." if not circuit.get("nodes") else
-                "No edges: path patching does not apply to this model.")
-    return (f"Edges: {len(circuit['edges'])} of the {circuit['candidate_edges']} edges among the kept heads (a head's "
-            f"output into a later kept head's query, key or value, or into the logits directly), left after dropping "
-            f"edges, weakest path patching effect first, while the faithfulness stays at the target; with only "
-            f"these edges the heads keep {circuit['edge_faithfulness']:.2f} ({circuit['edge_faithfulness_mean']:.2f} "
-            f"under mean ablation), with none of them {circuit['no_edge_faithfulness']:.2f}. Paths through MLPs are "
-            f"not edges: MLPs read the residual stream as it flows. Each edge is labelled with its path patching "
-            f"effect.")
-
-
-def _verified(judged: Judged, k: int = 3, with_spearman: bool = False) -> dict[str, Any] | None:
-    """AtP*'s yardstick: heads verified in the estimate's order until exact's top k are found (of
-    all heads), and with_spearman its Spearman with exact (None where undefined); None when no head
-    changes the metric or the estimate is not finite."""
-    if judged.verified is None:
-        return None
-    found: dict[str, Any] = {"k": min(k, judged.n_cells), "heads": judged.verified, "of": judged.n_cells}
-    if with_spearman:
-        found["spearman"] = judged.spearman if math.isfinite(judged.spearman) else None
-    return found
-
-
-ESTIMATE_NAMES = {"atp": "attribution", "graddrop": "GradDrop", "ig4": "integrated gradients (4 steps)"}
-
-
-def _estimates_cost(patching: dict[str, Any]) -> str:
-    """AtP*'s yardstick for each per-head estimate, and where the rest is measured."""
-    judged = {name: one for name, one in patching.get("heads_estimates_verified", {}).items() if one}
-    if not judged:  # an analysis written before it, or nothing to find
-        return ""
-    one = next(iter(judged.values()))
-    costs = ", ".join(f"{ESTIMATE_NAMES.get(name, name)} {found['heads']} (Spearman "
-                      + ("undefined" if found["spearman"] is None else f"{found['spearman']:.2f}") + ")"
-                      for name, found in judged.items())
-    return (f" Heads verified in each estimate's order until exact's top {one['k']} are found, of {one['of']}: "
-            f"{costs}. For head x position cells and the QK fix on queries and keys, side by side: "
-            f"`workbench benchmark --patching RUN`.")
-
-
-def _agreement_note(patching: dict[str, Any]) -> str:
-    if "heads_attribution_spearman" not in patching:  # an analysis written before it
-        return ""
-    agreement = patching["heads_attribution_spearman"]
-    if agreement is None:
-        return "Its agreement with exact patching is undefined: one of the two maps is constant."
-    verified = patching.get("heads_attribution_verified")
-    cost = ("" if not verified else f" Patching heads exactly in attribution's order finds exact's top {verified['k']} "
-            f"after {verified['heads']} of {verified['of']} heads (AtP*'s yardstick).") + _estimates_cost(patching)
-    gap = abs(patching["heads"]["clean_metric"] - patching["heads"]["corrupted_metric"])
-    if gap < MIN_METRIC_GAP:
-        return f"Spearman correlation with exact: {agreement:.2f}, of little meaning here (see the warning above).{cost}"
-    trust = ("Its ranking broadly agrees with exact patching." if agreement >= GOOD_AGREEMENT
-             else "Its ranking differs from exact patching here: read the exact map, and use attribution only "
-                  "to screen (README, Known limits).")
-    exact, estimate = (_largest_heads(patching[key]) for key in ("heads", "heads_attribution"))
-    listed = "; ".join(f"{label}: " + ", ".join(f"{name} {value:.2f}" for name, value in heads)
-                       for label, heads in (("exact", exact), ("attribution", estimate)))
-    return f"Spearman correlation with exact: {agreement:.2f}. {trust} Largest effects, {listed}.{cost}"
-
-
-def _largest_heads(sweep: dict[str, Any], k: int = 3) -> list[tuple[str, float]]:
-    """The k heads of a per-head sweep with the largest |value|, as ("L1H2", value)."""
-    cells = [(f"L{layer}H{head}", value) for layer, row in zip(sweep["layers"], sweep["values"])
-             for head, value in enumerate(row)]
-    return sorted(cells, key=lambda cell: -abs(cell[1]))[:k]

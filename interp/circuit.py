@@ -16,9 +16,9 @@ order of their exact patching effect (largest |effect| first); the curve (faithf
 first k heads, k = 0..N) is measured under both ablations (`Circuit.curves`; `curve` is
 `ablation`'s), and the circuit is the first k chosen by `rule`:
 
-  "first" (the default)  the curve under `ablation` reaches the target (0.9 by default) at k
-  "stays"                the curve under `ablation` reaches the target at k and stays there for
-                         every larger prefix
+  "stays" (the default)  the curve under `ablation` reaches the target (0.9 by default) at k and
+                         stays there for every larger prefix
+  "first"                the curve under `ablation` reaches the target at k
   "both"                 the curves under both ablations reach the target at k
 
 "first" is fooled by cancellation. Two heads whose corrupted outputs both flip a sign that a
@@ -34,14 +34,13 @@ and on trained models it answers "every head": on the zoo's lego-three-hops (64 
 curve stays near 0.5 until the last of its 16 heads joins, so "both" keeps 16 heads where
 "first" and "stays" keep 3 (lego-association: 13 against 5; lego-planted and
 composite-inferential: the same under every rule). "stays" is the rule to use against
-cancellation. It is not the default: on an untrained model, whose curve swings far above and
-below 1, it keeps more heads than "first", and the pinned analysis.json of such a run
-(tests/integration/test_analyze.py, tests/data/analysis-9f7496e-lego.json) then gains circuit
-edges where it had none, which that test's key tree reads as a changed format. The circuit
-keeps its curves, so `Circuit.sizes_by_rule()` says what each rule would have kept (a circuit
-whose rules disagree is one to read with care). The mean-ablation faithfulness of the chosen
-heads is reported beside the curve (`Circuit.faithfulness_mean`). A circuit that never reaches
-the target is the whole model, and says so (`reached`).
+cancellation, and the default. Its price: on an untrained model, whose curve swings far above
+and below 1, it keeps more heads than "first" (the tiny untrained LEGO run of
+tests/integration/test_analyze.py: all 8 heads, its curve back down to 0.38 at 7, where "first"
+kept 2 at 2.37). The circuit keeps its curves, so `Circuit.sizes_by_rule()` says what each rule
+would have kept (a circuit whose rules disagree is one to read with care). The mean-ablation
+faithfulness of the chosen heads is reported beside the curve (`Circuit.faithfulness_mean`). A
+circuit that never reaches the target is the whole model, and says so (`reached`).
 
 Faithfulness over circuit size, as MIB (Mueller et al. 2025) scores circuits: with x = k / N
 the share of the model's heads kept (the first k of the order), CPR is the area under the
@@ -49,9 +48,10 @@ faithfulness curve and CMD the area under |1 - faithfulness|, on [0, 1] (piecewi
 between measured sizes): CPR 1 and CMD 0 for a model whose smallest circuits are already
 faithful. Likewise over edges: every head kept and only the k edges of the whole model with the
 largest |path patching effect| (`Circuit.edge_curve`, every k up to DENSE_EDGES edges, a grid of
-fractions beyond). `Circuit.cpr`, `.cmd`, `.edge_cpr`, `.edge_cmd`, `.areas()`. The curves and
-areas are attributes only: `Circuit.to_dict()` keeps the keys analysis.json has had (a pinned
-key tree), so they are not written there.
+fractions beyond). `Circuit.cpr`, `.cmd`, `.edge_cpr`, `.edge_cmd`, `.areas()`. `to_dict()`
+writes `areas()` to analysis.json (nodes: CPR and CMD under each ablation; edges: CPR, CMD and
+the edge curve) and `rule`; the node curves under other ablations than `ablation` stay
+attributes.
 
 Edges are then ablated too (`edge_faithfulness`, pre-LN models). An edge is a kept head's output
 reaching a later kept head's query, key or value input ("L1H3" -> "L2H0.v"), or reaching the
@@ -94,7 +94,7 @@ ABLATIONS = ("resample", "mean")
 RULES = ("first", "stays", "both")  # how the circuit's size is chosen from the curves (module doc)
 DENSE_EDGES = 128  # the edge curve measures every size up to this many edges in the model, a grid beyond
 EDGE_FRACTIONS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-_NOT_WRITTEN = ("curves", "rule", "edge_sizes", "edge_curve", "n_edges")  # attributes, not analysis.json keys
+_NOT_WRITTEN = ("curves", "edge_sizes", "edge_curve", "n_edges")  # attributes (`areas` writes what they give)
 
 
 @dataclass
@@ -113,9 +113,9 @@ class Circuit:
     edge_faithfulness_mean: float | None = None  # the same, mean ablation
     no_edge_faithfulness: float | None = None  # of `nodes` with every edge among them ablated
     candidate_edges: int = 0  # edges among the kept heads before pruning
-    # not in to_dict (_NOT_WRITTEN): the key tree of analysis.json is pinned
+    rule: str = "stays"  # how the size was chosen (RULES, module doc)
+    # not in to_dict as such (_NOT_WRITTEN); their CPR and CMD are, as "areas"
     curves: dict[str, list[float]] = field(default_factory=dict)  # ablation -> faithfulness of the first k heads
-    rule: str = "first"  # how the size was chosen (RULES, module doc)
     edge_sizes: list[int] = field(default_factory=list)  # k: every head kept, only the k strongest edges
     edge_curve: list[float] = field(default_factory=list)  # faithfulness at each of edge_sizes, under `ablation`
     n_edges: int = 0  # edges in the whole model (the edge curve's x axis is k / n_edges); 0: no edge curve
@@ -166,7 +166,7 @@ class Circuit:
 
     def to_dict(self) -> dict[str, Any]:
         written = {key: value for key, value in asdict(self).items() if key not in _NOT_WRITTEN}
-        return {**written, "edges": [list(e) for e in self.edges], "reached": self.reached}
+        return {**written, "edges": [list(e) for e in self.edges], "reached": self.reached, "areas": self.areas()}
 
 
 def faithfulness_areas(values: Sequence[float], sizes: Sequence[int] | None = None,
@@ -358,12 +358,12 @@ def circuit_size(curves: dict[str, Sequence[float]], ablation: str, target: floa
 def find_circuit(
     model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
     head_effects: Tensor, paths: PathPatchResult | None, target: float = TARGET, ablation: str = "resample",
-    rule: str = "first",
+    rule: str = "stays",
 ) -> Circuit:
     """The smallest prefix of heads, by |exact effect| (`head_effects` [layer head]), that `rule`
-    accepts (module doc: "first", the default, the first prefix whose faithfulness under
-    `ablation` reaches `target`; "stays", the first from which it stays there, which a
-    cancelling pair does not fool; "both", under both ablations); the curve of every prefix under each
+    accepts (module doc: "stays", the default, the first prefix from which the faithfulness under
+    `ablation` stays at `target` or above, which a cancelling pair does not fool; "first", the
+    first that reaches it; "both", under both ablations); the curve of every prefix under each
     ablation; and, given path patching's `paths`, the edges among the kept heads that keep the
     target (`prune_edges`, under both ablations with rule "both"; when the heads fall short of
     it, the edges that keep what the heads keep), measured under both ablations, and the

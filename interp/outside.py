@@ -18,7 +18,7 @@ metric of the project returns one value per pair; a TransformerLens-style metric
 number for the whole batch (e.g. the mean logit difference) goes through `scalar_metric(fn)`.
 
 Nothing here reimplements patching: it calls `interp.patching`, `interp.atp`, `interp.paths`,
-`interp.circuit`, `interp.attention` and `interp.analysis`'s report sections, as `workbench
+`interp.circuit`, `interp.attention` and `interp.analysis_html`'s report sections, as `workbench
 analyze` does on a project run. Path patching is refused, with the option named, for model
 options it does not handle (`interp.paths.check_path_patchable`, the same check for every model;
 the table of options is in docs/limits.md); the circuit then has no edges.
@@ -56,7 +56,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from interp import plots
-from interp.analysis import PatchingAnalysis, _circuit_html, _patching_html, _paths_html
+from interp.analysis import PatchingAnalysis
+from interp.analysis_html import _circuit_html, _patching_html, _paths_html
 from interp.atp import judge_estimates
 from interp.attention import DEFAULT_THRESHOLDS, HeadScores, attention_patterns, relative_mass
 from interp.circuit import find_circuit

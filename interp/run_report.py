@@ -7,7 +7,8 @@ import html
 import json
 from pathlib import Path
 
-from interp.analysis import RunAnalysis, analysis_sections, read_analysis, task_analysis
+from interp.analysis import RunAnalysis, read_analysis, task_analysis
+from interp.analysis_html import analysis_sections
 from interp.attention import attention_patterns
 from interp.report import Report, figure_html, table_html
 from models.runs import ANALYSIS, REPORT, LoadedRun, RunFolderError
@@ -38,9 +39,11 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, ana
 def _analysed_weights_html(run: LoadedRun, written: dict | None) -> str:
     """Which weights the analysis below read, and a warning where they are not the ones loaded
     now (an analysis of an earlier checkpoint, or of other weights)."""
-    analysed = (written or {}).get("weights")
-    if not isinstance(analysed, dict):
-        return "" if not written else "<p>The analysis below does not record which weights it read (an older analysis.json).</p>"
+    if not written:
+        return ""
+    analysed = written["weights"]
+    if analysed is None:
+        return "<p>The analysis below does not record which weights it read (an older analysis.json).</p>"
     line = f"The analysis below read the weights of step {html.escape(str(analysed.get('step')))}"
     if run.weights is not None and analysed.get("digest") != run.weights.digest:
         return (f"<p><strong>{line}, not the weights in this folder now (step {run.weights.step}): its numbers may "

@@ -173,8 +173,8 @@ display(HTML(table_html([[f"L{layer}H{head}", round(patching.heads.values[layer,
 # %% [markdown]
 # ## 6. Path patching and the circuit
 # Path patching: a sender head's output changed to the clean run's along one path only. The
-# circuit: the fewest heads (by exact effect) keeping 90% of the behaviour with every other head
-# resample-ablated, then the edges among them that keep it. Expected: L0H0 -> L1H0's key
+# circuit: the fewest heads (by exact effect) keeping 90% of the behaviour, with every larger set
+# too, every other head resample-ablated, then the edges among them that keep it. Expected: L0H0 -> L1H0's key
 # (K-composition) and L1H0 -> logits.
 
 # %%

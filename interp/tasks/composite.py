@@ -27,14 +27,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from interp import plots
-from interp.analysis import (
-    TaskAnalysis,
-    _named_chain,
-    predictions,
-    register_analysis,
-    table_verdict_html,
-    without_unset,
-)
+from interp.analysis import TaskAnalysis, _named_chain, predictions, register_analysis, without_unset
+from interp.analysis_html import table_verdict_html
 from interp.attention import attention_patterns
 from interp.circuit import Circuit, chains_to_logits
 from interp.probes import ProbeSet, layer_names, probe_grid, rounded

@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt
 from transformer_lens import HookedTransformer
 
 from interp import plots
-from interp.analysis import TaskAnalysis, predictions, register_analysis, table_verdict_html
+from interp.analysis import TaskAnalysis, predictions, register_analysis
+from interp.analysis_html import table_verdict_html
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import register_preset
 from models.runs import LoadedRun

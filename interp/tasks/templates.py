@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt
 from transformer_lens import HookedTransformer
 
 from interp import plots
-from interp.analysis import TaskAnalysis, predictions, register_analysis, table_verdict_html
+from interp.analysis import TaskAnalysis, predictions, register_analysis
+from interp.analysis_html import table_verdict_html
 from models.presets import register_preset, templates_cpu
 from models.runs import LoadedRun
 from tasks import TemplatesTask, seeded_generator

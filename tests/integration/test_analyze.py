@@ -2,12 +2,15 @@
 
 import html
 import json
+import math
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from analyses.cli import main
+from interp.circuit import faithfulness_areas
 from interp.patching import spearman
 from tests.integration.test_cli import TINY
 
@@ -56,6 +59,18 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     circuit = paths["circuit"]  # the fewest heads keeping 90%, measured; its curve starts and ends where it must
     assert len(circuit["curve"]) == 2 * 4 + 1 if task == "templates" else len(circuit["curve"]) == 2 * len(analysis["heads"]["labels"][0]) + 1
     assert abs(circuit["curve"][-1] - 1.0) <= 1e-4 and circuit["faithfulness"] == circuit["curve"][len(circuit["nodes"])]
+    # MIB's areas of the faithfulness curves, on the page too: CPR over heads is the curve's mean height, between its
+    # lowest and highest points, CMD the mean distance from 1 (>= 0); over edges where path patching ran
+    areas = circuit["areas"]
+    assert set(areas["nodes"]) == {"resample", "mean"} and circuit["rule"] == "stays"
+    resample = areas["nodes"]["resample"]
+    assert (resample["cpr"], resample["cmd"]) == pytest.approx(faithfulness_areas(circuit["curve"]), abs=1e-4)
+    assert min(circuit["curve"]) <= resample["cpr"] <= max(circuit["curve"])
+    assert all(one["cmd"] >= 0 and math.isfinite(one["cpr"]) for one in areas["nodes"].values())
+    assert f"resample ablation: CPR {resample['cpr']:.2f}, CMD {resample['cmd']:.2f}" in page
+    assert (areas["edges"] is None) == (task == "templates")
+    if areas["edges"] is not None:
+        assert areas["edges"]["cmd"] >= 0 and f"CPR {areas['edges']['cpr']:.2f}, CMD {areas['edges']['cmd']:.2f}." in page
     if task == "templates" or not circuit["nodes"]:  # no edges to ablate: said so on the page
         assert circuit["edge_faithfulness"] is None and circuit["edges"] == []
     else:  # the edges left after pruning keep what the heads keep, up to the target, and the page says so
@@ -93,16 +108,16 @@ def test_analyze_needs_a_trained_run(tmp_path):
     (0.93, 0.1, "of little meaning"), (None, 5.0, "undefined"),
 ])
 def test_the_report_says_how_far_attribution_agrees_with_exact(agreement, gap, says):
-    from interp.analysis import _agreement_note
+    from interp.analysis_html import _agreement_note
 
     heads = {"clean_metric": gap, "corrupted_metric": 0.0, "layers": [0, 1], "values": [[0.1, -0.7], [0.0, 0.3]]}
     estimate = {"layers": [0, 1], "values": [[0.6, 0.0], [0.05, 0.2]]}
-    patching = {"heads_attribution_spearman": agreement, "heads": heads, "heads_attribution": estimate}
+    patching = {"heads_attribution_spearman": agreement, "heads": heads, "heads_attribution": estimate,
+                "heads_attribution_verified": None, "heads_estimates_verified": {}}
     note = _agreement_note(patching)
     assert says in note
     if agreement is not None and gap > 1:  # the heads that matter most, by |effect|, from both maps
         assert "exact: L0H1 -0.70, L1H1 0.30, L0H0 0.10; attribution: L0H0 0.60, L1H1 0.20, L1H0 0.05." in note
-    assert _agreement_note({"heads": heads}) == ""  # analyses written before the field
 
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -191,9 +206,13 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     """`analyze_run` hands back the objects that measured (head scores, patch results, the
     circuit, the probe map, the task's verdict), not JSON dicts. Written, it has the key tree of
     an analysis.json made by the dict-based code (9f7496e, tests/data/) of the same tiny run, but
-    the composite verdict's new per-key-position rates and the analysed weights' step and digest;
-    and such an older file still renders."""
-    from interp.analysis import analyze_run, read_analysis, write_analysis
+    the composite verdict's new per-key-position rates, the analysed weights' step and digest, the
+    schema version, the circuit's rule and areas (CPR, CMD) and the classifier's kinds; and such an
+    older file still renders. The circuit's rule is "stays" since 9f7496e: on the untrained LEGO run its curve
+    falls back to 0.38 at 7 of the 8 heads, so it keeps all 8 where "first" kept 2, and edges
+    among them where 9f7496e's circuit needed none (its empty list gives no item shape: the
+    (sender, receiver, value) triples are pinned by the composite file)."""
+    from interp.analysis import SCHEMA, analyze_run, read_analysis, write_analysis
     from interp.attention import HEAD_KINDS, HeadScores
     from interp.circuit import Circuit
     from interp.patching import PatchResult
@@ -220,6 +239,13 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     if task == "composite":
         assert set(written["verdict"].pop("held_out_by_key_position")) == {"inferential", "symmetric"}
     assert written.pop("weights") == run.weights.to_dict()  # added since: which weights were analysed
+    assert written.pop("schema") == SCHEMA  # added since: the version of the format (older files are 1)
+    circuit, pinned = (tree["patching"]["paths"]["circuit"] for tree in (written, before))
+    assert circuit.pop("areas") == analysis.patching.circuit.areas() and circuit.pop("rule") == "stays"  # added since
+    if task == "lego":  # rule "stays": every head, and edges where "first" kept 2 heads and no edge
+        assert (len(pinned["nodes"]), pinned["edges"]) == (2, []) and len(circuit["nodes"]) == len(circuit["order"])
+        assert circuit["edges"] and _key_tree(circuit["edges"]) == [None]
+        circuit["edges"] = []  # compared as 9f7496e's empty list, whose items have no shape to compare
     assert set(written["heads"]["scores"]) == set(written["heads"]["thresholds"]) == set(HEAD_KINDS)
     kinds_aside = lambda tree: {**tree, "heads": {**tree["heads"], "scores": {}, "thresholds": {}}}  # noqa: E731
     assert _key_tree(kinds_aside(written)) == _key_tree(kinds_aside(before))  # the kinds changed since (issue 28, part 5)
@@ -228,3 +254,79 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     (out / "analysis.json").write_text(json.dumps(before))  # the older file renders every section
     page = build_run_report(run).to_html()
     assert all(f"<h2>{section}</h2>" in page for section in ["Verdict", "Activation patching", "Path patching", "Circuit"])
+
+
+def test_a_learned_models_circuit_areas_lie_in_0_1_in_analysis_json_and_the_report(tmp_path):
+    """On a learned model (the zoo's composite-inferential, copied) the faithfulness curves run
+    from the corrupted run to the clean one without overshooting, so MIB's CPR and CMD lie in
+    [0, 1], over heads under both ablations and over edges, and sum to 1."""
+    from analyses.zoo import zoo_path
+
+    out = tmp_path / "composite-inferential"
+    shutil.copytree(zoo_path("composite-inferential"), out)
+    assert main(["analyze", str(out), "--samples", "64"]) == 0
+    areas = json.loads((out / "analysis.json").read_text())["patching"]["paths"]["circuit"]["areas"]
+    for one in [*areas["nodes"].values(), areas["edges"]]:
+        assert 0 <= one["cpr"] <= 1 and 0 <= one["cmd"] <= 1 and one["cpr"] + one["cmd"] == pytest.approx(1, abs=1e-3)
+    page = (out / "report.html").read_text()
+    assert f"resample ablation: CPR {areas['nodes']['resample']['cpr']:.2f}" in page and "MIB benchmark" in page
+
+
+DATA = Path(__file__).parents[1] / "data"
+# what the first writers of analysis.json left out (schema 1 has no "schema" key): absent, each is
+# read as not recorded, but attribution's Spearman, which is computed from the written maps
+OLDEST_GAPS = ("heads_attribution_spearman", "heads_attribution_verified", "heads_estimates_verified", "paths")
+
+
+@pytest.mark.parametrize("task", ["lego", "composite", "templates"])
+def test_a_schema_1_analysis_json_is_read_upgraded_and_renders(tmp_path, task):
+    """analysis.json files written before the schema key (tests/data, 9f7496e) read as the current
+    schema, every value of theirs kept, and render every section; so do the first writers' files,
+    which lack the later fields."""
+    from interp.analysis import SCHEMA, read_analysis
+
+    before = json.loads((DATA / f"analysis-9f7496e-{task}.json").read_text())
+    (tmp_path / "analysis.json").write_text(json.dumps(before))
+    read = read_analysis(tmp_path)
+    expected = json.loads(json.dumps(before))
+    expected["patching"]["paths"]["circuit"].update(rule="first", areas=None)  # the rule then; no areas then
+    assert read == {**expected, "schema": SCHEMA, "weights": None}  # no weights recorded then
+    page = _sections(read)
+    assert all(f"<h2>{section}</h2>" in page for section in ["Verdict", "Attention heads", "Activation patching",
+                                                               "Path patching", "Circuit"])
+    assert "the circuit is the first prefix that reaches the target." in page and "MIB" not in page
+    oldest = json.loads(json.dumps(before))
+    del oldest["probes"], oldest["heads"]["planted"]
+    for key in OLDEST_GAPS:
+        del oldest["patching"][key]
+    (tmp_path / "analysis.json").write_text(json.dumps(oldest))
+    read = read_analysis(tmp_path)
+    spearman = before["patching"]["heads_attribution_spearman"]
+    assert read["patching"]["heads_attribution_spearman"] == pytest.approx(spearman)
+    assert read["patching"]["paths"] is None and read["probes"] is None and read["heads"]["planted"] == {}
+    page = _sections(read)
+    assert f"Spearman correlation with exact: {spearman:.2f}" in page and "<h2>Path patching</h2>" not in page
+
+
+def _sections(analysis):
+    from interp.analysis_html import analysis_sections
+    from interp.report import Report
+
+    report = Report("an older analysis.json")
+    analysis_sections(report, analysis)
+    return report.to_html()
+
+
+@pytest.mark.parametrize("schema, says", [(3, "is analysis.json schema 3, newer than this workbench reads (schema 1 to 2)"),
+                                          ("2", "holds schema='2', which is no version of analysis.json (1 to 2)"),
+                                          (0, "holds schema=0")])
+def test_an_analysis_json_of_a_newer_or_no_schema_is_refused_naming_the_file_and_the_versions(tmp_path, schema, says):
+    from interp.analysis import SCHEMA, read_analysis
+    from models.runs import RunFolderError
+
+    assert SCHEMA == 2  # the messages above name it
+    written = {**json.loads((DATA / "analysis-9f7496e-lego.json").read_text()), "schema": schema}
+    (tmp_path / "analysis.json").write_text(json.dumps(written))
+    with pytest.raises(RunFolderError) as refused:
+        read_analysis(tmp_path)
+    assert str(refused.value).startswith(f"{tmp_path / 'analysis.json'} {says}")

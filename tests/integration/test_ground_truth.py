@@ -13,8 +13,8 @@ InterpBench score: the chance that a known node or edge outscores an unknown one
   atp, graddrop, ig4
                attribution estimates of the head sweep (`judge_estimates`, ig_steps=4); node score |estimate|
   circuit (first), circuit (stays), circuit (both)
-               `find_circuit` under each rule ("first" is the default; "stays" the one a
-               cancelling pair does not fool); a set, so its AUROC scores members 1, the rest 0
+               `find_circuit` under each rule ("stays", the default, is the one a cancelling
+               pair does not fool); a set, so its AUROC scores members 1, the rest 0
 
 Node-level methods are judged on nodes only. Scores are normalised effects (1 = the whole clean -
 corrupted difference); a node or edge is predicted where its score exceeds THRESHOLD = 0.1. The
@@ -137,8 +137,9 @@ def evaluate(name: str) -> tuple[dict[str, dict[str, float | None]], dict]:
 # the noiseless cancelling pair, where it ranks the known heads first (AUROC 1) but scores the
 # three upstream ones 0.083, under the threshold: along its path from corrupted to clean both
 # signs flip together, so their product, which drives L2H0's softmax, hardly moves (the
-# cancellation again, in the gradient); the noise breaks the symmetry (0.15-0.17). The default
-# rule ("first") keeps L2H0 alone on both cancellation fixtures: recall 1/4 of nodes and edges.
+# cancellation again, in the gradient); the noise breaks the symmetry (0.15-0.17). Rule "first"
+# (the default before "stays") keeps L2H0 alone on both cancellation fixtures: recall 1/4 of nodes
+# and edges.
 NOISELESS = NAMES
 NOISY = [f"{name}_noisy" for name in NAMES]
 ALL_ONES = (1.0,) * 6
@@ -231,8 +232,8 @@ def test_methods_recover_the_known_circuits(table):
 
 def test_the_cancelling_pair_fools_the_first_rule_and_not_stays_or_both(table):
     """Part 3: resample ablation of L0H0, L0H1 and L1H0 together cancels (both signs flip back),
-    so rule "first" (the default) stops at L2H0 alone, faithful 1.0 under resample and 0.75
-    under mean; "stays" (and "both") keep the whole chain, and "stays" its edges."""
+    so rule "first" stops at L2H0 alone, faithful 1.0 under resample and 0.75 under mean;
+    "stays" (the default) and "both" keep the whole chain, and "stays" its edges."""
     _, found = table
     before, after = found["cancellation"]["circuit (first)"], found["cancellation"]["circuit (stays)"]
     assert before["sizes_by_rule"] == after["sizes_by_rule"] == {"first": 1, "stays": 4, "both": 4}

@@ -315,7 +315,9 @@ def test_a_train_state_that_contradicts_itself_is_exit_2_and_changes_nothing(tmp
     (json.dumps({"run": "r", "task": "composite", "heads": 5, "patching": {}, "verdict": {}, "seconds": 1}), "heads"),
     (json.dumps({"run": "r", "task": "composite", "heads": {"scores": 1}, "patching": {}, "verdict": {}, "seconds": 1}),
      "cannot be shown"),
-], ids=["broken", "empty-object", "list", "string", "unknown-task", "heads-not-an-object", "heads-without-labels"])
+    (json.dumps({"schema": 99, "run": "r", "task": "composite"}), "schema 99, newer than this workbench reads"),
+], ids=["broken", "empty-object", "list", "string", "unknown-task", "heads-not-an-object", "heads-without-labels",
+        "newer-schema"])
 def test_report_on_a_damaged_analysis_json_is_exit_2_naming_it(tmp_path, capsys, content, wrong):
     out = tmp_path / "run"
     assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0

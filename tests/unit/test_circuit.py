@@ -45,14 +45,15 @@ def test_the_circuit_is_the_shortest_prefix_that_reaches_the_target_and_its_edge
     model, clean, corrupted, metric = setup(seed=1)
     effects = patch_head_out(model, clean, corrupted, metric).values
     paths = path_patch(model, clean, corrupted, metric)
-    circuit = find_circuit(model, clean, corrupted, metric, effects, paths, target=0.6)
+    circuit = find_circuit(model, clean, corrupted, metric, effects, paths, target=0.6, rule="first")
     k = len(circuit.nodes)
     assert circuit.rule == "first" and circuit.faithfulness == circuit.curve[k] == circuit.curves["resample"][k]
     assert all(value < 0.6 for value in circuit.curve[:k]) and (circuit.reached or k == 6)
     # "stays": the shortest prefix from which the curve stays at the target; this model's curve
     # reaches 0.6, dips below it and comes back, so it keeps more heads than "first"
-    stays = find_circuit(model, clean, corrupted, metric, effects, None, target=0.6, rule="stays")
+    stays = find_circuit(model, clean, corrupted, metric, effects, None, target=0.6)  # the default
     j = len(stays.nodes)
+    assert stays.rule == "stays"
     assert stays.curve == circuit.curve and all(value >= 0.6 for value in stays.curve[j:])
     assert stays.curve[j - 1] < 0.6 and j > k and stays.nodes[:k] == circuit.nodes
     assert circuit.sizes_by_rule() == stays.sizes_by_rule() and circuit.sizes_by_rule()["stays"] == j
@@ -159,15 +160,17 @@ def test_faithfulness_areas_are_cpr_and_cmd_over_the_share_kept():
         faithfulness_areas([1.0])
 
 
-def test_the_circuit_has_its_curves_and_areas_as_attributes_and_writes_the_keys_it_always_wrote():
+def test_the_circuit_has_its_curves_as_attributes_and_writes_its_areas_and_rule():
     model, clean, corrupted, metric = setup(seed=1)
     effects = patch_head_out(model, clean, corrupted, metric).values
     paths = path_patch(model, clean, corrupted, metric)
     circuit = find_circuit(model, clean, corrupted, metric, effects, paths, target=0.6)
-    assert set(circuit.to_dict()) == {"nodes", "edges", "faithfulness", "target", "curve", "order", "ablation",
-                                      "faithfulness_mean", "edge_faithfulness", "edge_faithfulness_mean",
-                                      "no_edge_faithfulness", "candidate_edges", "reached"}  # analysis.json's, pinned
+    written = circuit.to_dict()
+    assert set(written) == {"nodes", "edges", "faithfulness", "target", "curve", "order", "ablation",
+                            "faithfulness_mean", "edge_faithfulness", "edge_faithfulness_mean",
+                            "no_edge_faithfulness", "candidate_edges", "reached", "rule", "areas"}  # analysis.json's
     areas = circuit.areas()
+    assert written["areas"] == areas and written["rule"] == "stays"
     assert set(areas["nodes"]) == {"resample", "mean"} and areas["nodes"]["resample"]["cpr"] == round(circuit.cpr, 4)
     n_edges = 2 * (4 * 3 + 1) + 2 * (2 * 3 + 1) + 2  # 3 layers of 2 heads: into later heads' q/k/v, and the logits
     assert circuit.n_edges == n_edges == circuit.edge_sizes[-1] and circuit.edge_sizes == list(range(n_edges + 1))
