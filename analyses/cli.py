@@ -6,7 +6,6 @@ metrics.jsonl), 4 could not write (disk full, permission denied: the message nam
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import json
 import os
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 def _is_write_failure(err: BaseException) -> bool:
     """Disk full, over quota, permission denied or a read-only file system; safetensors reports
     those as its own SafetensorError, with the OS message inside."""
-    from models.runs import WRITE_ERRNOS
+    from models.safe_files import WRITE_ERRNOS
 
     if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:
         return True
@@ -264,7 +263,7 @@ def _config_from_file(path: Path):
 
 
 def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
-    from models.runs import model_sizes, out_of_memory
+    from models.runs import RunFolder, model_sizes, out_of_memory
     from models.train import Trainer, TrainingDiverged
 
     try:
@@ -276,7 +275,7 @@ def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
         if not out_of_memory(err):
             raise
         if not resume:
-            _remove_unstarted_run(out)
+            RunFolder(out).remove_unstarted_run()  # so that the same --out can be used again with other settings
         train = cfg.train
         raise ConfigError(f"out of memory ({str(err).splitlines()[0][:200]}). The run's sizes: train.batch_size="
                           f"{train.batch_size}, train.eval_size={train.eval_size}, train.n_train={train.n_train}, "
@@ -286,72 +285,24 @@ def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
     return 0
 
 
-def _remove_unstarted_run(out: Path) -> None:
-    """After a failure before the first checkpoint: the run files this run wrote, and the folder
-    if nothing else is in it, so that the same --out can be used again with other settings."""
-    from models.runs import CONFIG, DEMO, METRICS, MIMIC, TRAIN_STATE
-
-    if not out.is_dir() or (out / TRAIN_STATE).exists():
-        return
-    for name in (CONFIG, METRICS, MIMIC, DEMO):
-        (out / name).unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        out.rmdir()
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
-    from models.runs import CONFIG, read_config
+    from models.runs import CONFIG, RunFolder, read_config
 
+    folder = RunFolder(args.out, named_by="--out")
     if args.resume:  # a config without a train state (a crash before the first checkpoint) restarts at step 0
-        if not (args.out / CONFIG).exists():
+        if not folder.holds_run():
             raise ConfigError(f"--resume: {args.out} has no {CONFIG}; there is nothing to resume")
         if args.preset or args.task or args.overrides or args.config:
             raise ConfigError("--resume continues the stored config.json; drop --preset/--task/--config/--set")
         cfg = read_config(args.out)
     else:
         cfg = _resolve_config(args, args.preset, args.task)
-        _check_new_run_folder(args.out)
-        if (args.out / CONFIG).exists():
-            raise ConfigError(f"--out {args.out} already holds a run; use --resume to continue it or choose another folder")
+        folder.check_usable()
+        folder.check_receives()  # before training; the trainer asks again under the folder's lock
     status = _train(cfg, args.out, args.resume, progress=not args.no_progress)
     if status == 0 and args.report:
         _cmd_report(argparse.Namespace(run_dir=args.out))
     return status
-
-
-def _check_new_run_folder(out: Path) -> None:
-    """--out must name a folder that is new, empty or a run folder with nothing but run files
-    (which `train` then refuses as 'already holds a run' and `demo` replaces): never a file, the
-    current folder by an empty name, or a folder holding someone's other files."""
-    from models.runs import CONFIG, LOCK, RUN_FILES
-
-    if str(out) in ("", "."):
-        raise ConfigError("--out is empty or '.'; name a folder for the run, e.g. --out runs/x")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder; choose a folder for the run")
-    if not out.exists():
-        _check_creatable(out)
-        return
-    others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
-    if others or (any(p.name != LOCK for p in out.iterdir()) and not (out / CONFIG).exists()):
-        listed = ", ".join(others[:5]) or "run files without a config.json"
-        raise ConfigError(f"--out {out} holds files that are not a run's ({listed}); choose a new or empty folder")
-
-
-def _check_creatable(out: Path) -> None:
-    """Create `out` and remove it again (with the parents that did not exist), so that a folder
-    that cannot be made is refused before anything runs, and nothing is left when a later check
-    refuses the run."""
-    missing = [out, *[p for p in out.parents if not p.exists()]]
-    try:
-        out.mkdir(parents=True)
-    except FileExistsError:
-        return  # another writer made it meanwhile: the run lock decides which of the two trains
-    except OSError as err:
-        raise ConfigError(f"--out {out} cannot be created ({err.strerror}); choose a folder you can write") from None
-    for folder in missing:
-        with contextlib.suppress(OSError):
-            folder.rmdir()
 
 
 def _cmd_curriculum(args: argparse.Namespace) -> int:
@@ -400,11 +351,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _check_demo_folder(out: Path) -> None:
     """The demo trains into a new or empty folder, or replaces a run of its own (`_is_demo_run`);
     any other run is refused, never deleted."""
-    from models.runs import CONFIG, DEMO, RUN_FILES
+    from models.runs import DEMO, RUN_FILES, RunFolder
 
     if not _is_demo_run(out):
-        _check_new_run_folder(out)
-        if (out / CONFIG).exists():
+        folder = RunFolder(out, named_by="--out")
+        folder.check_usable()
+        if folder.holds_run():
             raise ConfigError(f"--out {out} holds a run that is not a demo run (no {DEMO} recording its config); the demo "
                               f"replaces only its own runs: choose another folder, or delete that run yourself")
         return

@@ -4,10 +4,12 @@ A study module in `analyses/studies/` exposes `STUDIES`, a list of `Study`. Runn
 its cells (through `analyses.sweep.run_cells`, so it resumes), analyses them, and writes into
 its folder a summary `report.html` and `results.json` with every number the report shows, both
 through `StudyContext.finish`. A model a study trains is a `Cell`: what tells it apart from the
-others (kind, tags, seed), with its folder name derived in one place."""
+others (kind, tags, seed), with its folder name derived in one place. What changes with the scale
+is declared once per module, as `SCALES`: a `Scales` of one frozen dataclass per scale."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import importlib
 import json
@@ -16,7 +18,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from models.runs import atomic_write_bytes
 from tasks import ConfigError
@@ -24,6 +26,32 @@ from tasks import ConfigError
 # tiny: seconds, for smoke tests; cpu: < 30 min on 2 cores; gpu: one GPU, <= 10 min per model (by FLOP count);
 # paper: the papers' sizes
 SCALES = ("tiny", "cpu", "gpu", "paper")
+P = TypeVar("P")
+
+
+class Scales(Generic[P]):
+    """A study module's parameters at every scale: one instance of a frozen dataclass (`params`)
+    for each name in SCALES, declared together so the scales can be read side by side:
+    `SCALES = Scales(TemplatesScale, tiny=TemplatesScale(...), cpu=..., gpu=..., paper=...)`,
+    read as `SCALES[ctx.scale].steps`."""
+
+    def __init__(self, params: type[P], **by_scale: P):
+        if not (dataclasses.is_dataclass(params) and params.__dataclass_params__.frozen):
+            raise TypeError(f"{params.__name__} must be a frozen dataclass: a scale's numbers are declared, not changed")
+        if tuple(by_scale) != SCALES:
+            raise ValueError(f"{params.__name__}: scales {tuple(by_scale)} declared; declare {SCALES}, in that order")
+        wrong = {name: type(value).__name__ for name, value in by_scale.items() if type(value) is not params}
+        if wrong:
+            raise TypeError(f"scales {wrong} are not {params.__name__}")
+        self.params, self._by_scale = params, by_scale
+
+    def __getitem__(self, scale: str) -> P:
+        if scale not in self._by_scale:
+            raise ConfigError(f"scale {scale!r} is unknown; use one of {SCALES}")
+        return self._by_scale[scale]
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._by_scale)
 
 
 @dataclass(frozen=True)

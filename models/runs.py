@@ -1,15 +1,18 @@
-"""The run folder: config, weights, resumable train state and metrics, written atomically and
-without pickle (safetensors for tensors, JSON for the rest)."""
+"""The run folder: what it holds and how each file is written and read, in one place. Config,
+weights, resumable train state and metrics, written atomically and without pickle (safetensors
+for tensors, JSON for the rest; the primitives are in models/safe_files.py).
+
+`RunFolder` is the folder as its writers see it: whether it may receive a new run, its lock,
+the start of a run, metrics one evaluation at a time, checkpoints saved and resumed. The trainer
+and the command line ask it and name none of its files. Readers (`run_state`, `verified_weights`,
+`load_run`) check what they read."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
 import math
-import os
 import platform
 import re
 import warnings
@@ -20,110 +23,32 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from models.config import RunConfig
+from models.safe_files import (
+    LOCK,
+    RunFolderError,
+    append_line,
+    atomic_write_bytes,
+    locked_here,
+    read_json,
+    read_tensors,
+    run_lock,
+    save_tensors,
+    writer_pid,
+)
 from tasks import ConfigError, Task, make_task
 
 CONFIG, WEIGHTS, TRAIN_STATE, METRICS = "config.json", "model.safetensors", "train_state.safetensors", "metrics.jsonl"
 MIMIC = "mimic.json"  # losses of mimicking pre-training, when the run had any
 INIT = "init.json"  # where the starting weights came from, when `train.init_from` named a run
 ANALYSIS, REPORT = "analysis.json", "report.html"
-LOCK = ".workbench.lock"  # present while a process writes the folder (holds its pid)
 DEMO = "demo.json"  # written by `workbench demo`: the config of its run, which marks the folder as the demo's
 ERROR_LOG = "workbench-error.log"  # the traceback of a command's unexpected error (analyses/cli.py)
 RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK, DEMO, ERROR_LOG}  # what a run folder may hold
 PACKAGES = ("interp-workbench", "torch", "transformer-lens", "circuitsvis", "numpy")
-
-
-class RunFolderError(ConfigError):
-    """A run folder's file is unreadable or inconsistent, or another process writes the folder.
-    The message names the file and what is wrong; the CLI exits 2."""
-
-
-_HELD: dict[Path, tuple[int, int]] = {}  # folder -> (lock fd, re-entry count), this process's locks
-
-
-@contextlib.contextmanager
-def run_lock(run_dir: str | Path) -> Iterator[None]:
-    """Hold the folder's write lock: one writer per run folder. Taken before anything is written
-    (the folder is created if needed) and released on exit, however the block ends. A second
-    writer gets RunFolderError naming the holder's pid. A lock left by a killed process is free
-    again (the kernel drops flock locks with their process), so it is taken over. Re-entrant
-    within one process. POSIX only (fcntl.flock)."""
-    run_dir = Path(run_dir).resolve()
-    if run_dir in _HELD:
-        fd, count = _HELD[run_dir]
-        _HELD[run_dir] = (fd, count + 1)
-        try:
-            yield
-        finally:
-            fd, count = _HELD[run_dir]
-            _HELD[run_dir] = (fd, count - 1)
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = _acquire(run_dir / LOCK)
-    _HELD[run_dir] = (fd, 1)
-    try:
-        yield
-    finally:
-        del _HELD[run_dir]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(run_dir / LOCK)  # unlinked while still locked: a waiting opener retries on the new file
-        os.close(fd)
-
-
-def writer_pid(run_dir: str | Path) -> str | None:
-    """The pid of the process writing the folder (holding its lock), or None: readers use it to
-    warn that they see a run still in training."""
-    path = Path(run_dir) / LOCK
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return _holder(fd)
-    finally:
-        os.close(fd)  # closing drops the shared lock if we got it
-    return None
-
-
-def _holder(fd: int) -> str:
-    """The pid a lock file holds (written by its holder in `_acquire`)."""
-    return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-
-
-def _acquire(path: Path) -> int:
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except FileNotFoundError:  # the empty folder was removed under us (another writer's --out check): again
-            path.parent.mkdir(parents=True, exist_ok=True)
-            continue
-        except OSError as err:
-            if err.errno != errno.ELOOP:
-                raise
-            raise RunFolderError(f"{path} is a symbolic link; the workbench never writes through one (it would write "
-                                 f"its pid into whatever the link points to). Remove the link, then try again") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise RunFolderError(f"{path.parent} is being written by another process (pid {holder}); wait for it "
-                                 f"to finish or stop it, then try again") from None
-        try:
-            same_file = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same_file = False
-        if same_file:  # not a file its last holder unlinked after we opened it
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
-            return fd
-        os.close(fd)
+ADAMW_STATE = {"step", "exp_avg", "exp_avg_sq"}  # what AdamW keeps per parameter (optim.<index>.<name>)
 
 
 def package_versions() -> dict[str, str]:
@@ -136,78 +61,6 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)  # "could not write"
-
-
-def _fresh_temp(path: Path) -> tuple[Path, int]:
-    """A new temporary sibling for one write (its name unique to this write, so two writers of
-    one file never touch each other's), created with O_EXCL | O_NOFOLLOW: never a link, never
-    someone else's file. Returns its path and an open descriptor."""
-    while True:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        try:
-            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        except FileExistsError:
-            continue
-        except OSError as err:
-            raise _naming(err, path) from None
-
-
-def _naming(err: OSError, path: Path) -> OSError:
-    """`err` with the file it was about: a full disk reported by write() or close() names none."""
-    return err if err.filename else OSError(err.errno, err.strerror, str(path))
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a new temporary sibling, then rename it over `path`: a killed process leaves the
-    old file whole, and nothing is written through a symbolic link (a rename replaces a link at
-    `path` itself, not its target)."""
-    tmp, fd = _fresh_temp(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException as err:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(err, OSError):
-            raise _naming(err, path) from None
-        raise
-
-
-def append_line(path: Path, line: str) -> None:
-    """Append one line to a file of the run's own (metrics.jsonl), never through a link."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise RunFolderError(f"{path} is a symbolic link; the workbench never writes through one. Remove it") from None
-        raise _naming(err, path) from None
-    try:
-        with os.fdopen(fd, "a") as f:
-            f.write(line + "\n")
-    except OSError as err:
-        raise _naming(err, path) from None
-
-
-def save_tensors(path: Path, tensors: dict[str, Tensor], meta: dict[str, str] | None = None) -> None:
-    tmp, fd = _fresh_temp(path)
-    os.close(fd)  # safetensors writes the file by its name
-    try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=meta)
-        os.chmod(tmp, 0o644)  # like the folder's other files (safetensors creates 0600)
-        os.replace(tmp, path)
-    except BaseException as err:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        code = next((c for c in WRITE_ERRNOS if os.strerror(c) in str(err)), None)
-        if code is not None and not isinstance(err, OSError):  # safetensors' own error for a full disk, a denied write
-            raise OSError(code, os.strerror(code), str(path)) from err
-        if isinstance(err, OSError):
-            raise _naming(err, path) from None
-        raise
-
-
 def weights_digest(tensors: dict[str, Tensor]) -> str:
     """sha256 over the tensors' names and bytes: the weights file and the train state carry it,
     so resume can tell whether the weights file is the checkpoint's."""
@@ -216,20 +69,6 @@ def weights_digest(tensors: dict[str, Tensor]) -> str:
         digest.update(name.encode())
         digest.update(tensors[name].detach().contiguous().cpu().numpy().tobytes())
     return digest.hexdigest()
-
-
-def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """Tensors and metadata of a safetensors file; RunFolderError when it is damaged."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-            return {k: f.get_tensor(k) for k in f.keys()}, meta  # noqa: SIM118 (a safetensors handle, not a dict)
-    except FileNotFoundError:
-        raise RunFolderError(f"{path} does not exist") from None
-    except Exception as err:  # safetensors raises its own SafetensorError and OSError variants
-        raise RunFolderError(f"{path} is damaged ({type(err).__name__}: {err})") from None
 
 
 def _count(text: str) -> int:
@@ -278,63 +117,6 @@ def read_train_state(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
                              f"state is corrupt and resuming it would continue from wrong weights")
     meta["state_digest"] = raw.get("state_digest")  # over every tensor; in train states written since 2026-11-26
     return tensors, meta
-
-
-def check_state_digest(path: Path, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
-    """RunFolderError unless every tensor of a train state (optimizer moments and random
-    generators too, not only the weights) hashes to its meta.state_digest, where it has one.
-    Resume calls it after its checks by field, whose messages say more."""
-    if meta.get("state_digest") is not None and weights_digest(tensors) != meta["state_digest"]:
-        raise RunFolderError(f"{path}: its tensors (optimizer moments, random generators) do not match the digest "
-                             f"stored with them (meta.state_digest); the train state is corrupt")
-
-
-MAX_JSON_DEPTH = 64  # nesting no file of the workbench comes near; deeper is damage, not data
-
-
-def read_json(path: Path, text: str | None = None) -> Any:
-    """A JSON file of the run folder, read strictly: RunFolderError naming the file when it is
-    unreadable or not JSON, when an object repeats a key (`"steps"` twice: which one was
-    meant?), or when it nests deeper than MAX_JSON_DEPTH. `text`: its content, already read."""
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in seen:
-                raise RunFolderError(f"{path} repeats the key {key!r} in one object; which value is meant is "
-                                     f"ambiguous, so it is refused. Keep one {key!r}")
-            seen[key] = value
-        return seen
-
-    try:
-        text = path.read_text() if text is None else text
-    except FileNotFoundError:
-        raise
-    except (OSError, UnicodeDecodeError) as err:
-        raise RunFolderError(f"{path} is unreadable ({err})") from None
-    if _nesting(text) > MAX_JSON_DEPTH:
-        raise RunFolderError(f"{path} nests deeper than {MAX_JSON_DEPTH} levels; it is damaged or not the workbench's")
-    try:
-        return json.loads(text, object_pairs_hook=unique)
-    except json.JSONDecodeError as err:
-        raise RunFolderError(f"{path} is not JSON ({err})") from None
-
-
-def _nesting(text: str) -> int:
-    """The deepest bracket nesting of a JSON text, counted outside strings (no recursion)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            escaped, in_string = (not escaped and char == "\\"), in_string and (escaped or char != '"')
-            continue
-        if char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
 
 
 def write_config(run_dir: Path, cfg: RunConfig) -> None:
@@ -446,14 +228,18 @@ def verified_weights(run_dir: str | Path) -> tuple[dict[str, Tensor], WeightsSta
     return tensors, WeightsStamp(int(step), digest)
 
 
+def save_weights(run_dir: Path, weights: dict[str, Tensor], stamp: WeightsStamp) -> None:
+    """The weights file: the tensors, their step and digest in its header (what `verified_weights`
+    checks them against)."""
+    save_tensors(run_dir / WEIGHTS, weights, {"step": str(stamp.step), "digest": stamp.digest})
+
+
 def repair_weights(run_dir: str | Path) -> WeightsStamp:
-    """Rewrite the weights file from the train state, with a warning. Call it holding the
-    folder's lock; RunFolderError when the train state itself is damaged."""
-    run_dir = Path(run_dir)
-    tensors, meta = read_train_state(run_dir / TRAIN_STATE)
-    weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-    save_tensors(run_dir / WEIGHTS, weights, {"step": str(meta["step"]), "digest": meta["digest"]})
-    return WeightsStamp(meta["step"], meta["digest"])
+    """Rewrite the weights file from the train state. Call it holding the folder's lock (the
+    caller warns); RunFolderError when the train state itself is damaged."""
+    checkpoint = Checkpoint.read(Path(run_dir) / TRAIN_STATE)
+    save_weights(Path(run_dir), checkpoint.weights, checkpoint.stamp)
+    return checkpoint.stamp
 
 
 def run_state(run_dir: Path, cfg: RunConfig, repair: bool = True) -> str:
@@ -488,6 +274,247 @@ def run_state(run_dir: Path, cfg: RunConfig, repair: bool = True) -> str:
     return "partial" if has_state else "new"
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where training stands at a checkpoint: steps taken, seconds spent, and the training loss
+    summed over the steps since the last evaluation (`loss_count` of them)."""
+
+    step: int
+    elapsed: float
+    loss_sum: float
+    loss_count: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A train state as read by `read_train_state` (every field present and parsed, the weights
+    matching their digest): the model's weights (model.<name>), AdamW's moments per parameter
+    (optim.<index>.<name>), the random generators' states (rng.<name>) and the `Progress`."""
+
+    path: Path
+    tensors: dict[str, Tensor]
+    meta: dict[str, Any]
+
+    @classmethod
+    def read(cls, path: Path) -> Checkpoint:
+        return cls(path, *read_train_state(path))
+
+    @property
+    def weights(self) -> dict[str, Tensor]:
+        return {k[len("model."):]: v for k, v in self.tensors.items() if k.startswith("model.")}
+
+    @property
+    def stamp(self) -> WeightsStamp:
+        return WeightsStamp(self.meta["step"], self.meta["digest"])
+
+    @property
+    def progress(self) -> Progress:
+        meta = self.meta
+        return Progress(meta["step"], meta["elapsed"], meta["loss_sum"], meta["loss_count"])
+
+    def optimizer_state(self, params: list[torch.nn.Parameter], device: torch.device) -> dict[int, dict[str, Tensor]]:
+        """AdamW's state by parameter index, on `device`, checked against `params` (the
+        optimizer's, in its order). A parameter that never had a gradient, like a block
+        stochastic depth skipped, has none."""
+        state: dict[int, dict[str, Tensor]] = {}
+        for key, value in self.tensors.items():
+            if key.startswith("optim."):
+                index, _, name = key[len("optim."):].partition(".")
+                if not index.isdigit() or int(index) >= len(params):
+                    raise RunFolderError(f"{self.path}: {key} belongs to no parameter of this model ({len(params)} parameters)")
+                state.setdefault(int(index), {})[name] = value if name == "step" else value.to(device)
+        for index, entry in state.items():
+            if set(entry) != ADAMW_STATE:
+                raise RunFolderError(f"{self.path}: optim.{index} holds {sorted(entry)}, not AdamW's {sorted(ADAMW_STATE)}")
+            for name in ("exp_avg", "exp_avg_sq"):
+                if entry[name].shape != params[index].shape:
+                    raise RunFolderError(f"{self.path}: optim.{index}.{name} has shape {tuple(entry[name].shape)}, its "
+                                         f"parameter {tuple(params[index].shape)}")
+        return state
+
+    def restore_generators(self, generators: dict[str, torch.Generator]) -> None:
+        """Set each generator to its saved state (rng.<name>)."""
+        for name, gen in generators.items():
+            try:
+                gen.set_state(self.tensors[f"rng.{name}"])
+            except (RuntimeError, TypeError) as err:
+                raise RunFolderError(f"{self.path}: rng.{name} is not a random generator's state ({err})") from None
+
+    def check_digest(self) -> None:
+        """RunFolderError unless every tensor (optimizer moments and random generators too, not
+        only the weights) hashes to meta.state_digest, where the file has one. Resume calls it
+        after the checks by field, whose messages say more."""
+        expected = self.meta.get("state_digest")
+        if expected is not None and weights_digest(self.tensors) != expected:
+            raise RunFolderError(f"{self.path}: its tensors (optimizer moments, random generators) do not match the "
+                                 f"digest stored with them (meta.state_digest); the train state is corrupt")
+
+
+class RunFolder:
+    """One run folder as its writers (the trainer, the command line) see it: whether it may
+    receive a new run, its lock, the start of a run, metrics one evaluation at a time, and
+    checkpoints saved and resumed. `named_by`: the command-line option that gave the folder
+    ("--out"); messages about the folder then name it so."""
+
+    def __init__(self, path: str | Path, named_by: str = ""):
+        self.path, self.named_by = Path(path), named_by
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    @property
+    def label(self) -> str:
+        """How messages name the folder: `--out runs/x` when the command line gave it, else its path."""
+        return f"{self.named_by} {self.path}" if self.named_by else str(self.path)
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / METRICS
+
+    def holds_run(self) -> bool:
+        """Whether a run was started here (it has a config.json)."""
+        return (self.path / CONFIG).exists()
+
+    def has_checkpoint(self) -> bool:
+        return (self.path / TRAIN_STATE).exists()
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """The folder's write lock (`run_lock`)."""
+        with run_lock(self.path):
+            yield
+
+    def check_usable(self) -> None:
+        """A folder to start a run in must be new, empty, or a run folder with nothing but run
+        files (which `check_receives` then refuses and `workbench demo` replaces): never a file,
+        the current folder by an empty name, or a folder holding someone's other files."""
+        out = self.path
+        if str(out) in ("", "."):
+            raise ConfigError(f"{self.named_by or 'the run folder'} is empty or '.'; name a folder for the run, "
+                              f"e.g. --out runs/x")
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"{self.label} is a file, not a folder; choose a folder for the run")
+        if not out.exists():
+            self.check_creatable()
+            return
+        others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
+        if others or (any(p.name != LOCK for p in out.iterdir()) and not self.holds_run()):
+            listed = ", ".join(others[:5]) or "run files without a config.json"
+            raise ConfigError(f"{self.label} holds files that are not a run's ({listed}); choose a new or empty folder")
+
+    def check_creatable(self) -> None:
+        """Create the folder and remove it again (with the parents that did not exist), so that a
+        folder that cannot be made is refused before anything runs, and nothing is left when a
+        later check refuses the run."""
+        missing = [self.path, *[p for p in self.path.parents if not p.exists()]]
+        try:
+            self.path.mkdir(parents=True)
+        except FileExistsError:
+            return  # another writer made it meanwhile: the run lock decides which of the two trains
+        except OSError as err:
+            raise ConfigError(f"{self.label} cannot be created ({err.strerror}); choose a folder you can write") from None
+        for folder in missing:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+    def check_receives(self, cfg: RunConfig | None = None) -> None:
+        """The one rule for a new run: a folder that holds a run (a config.json) receives no other,
+        so that no run is ever overwritten. The exception is a run of this same `cfg` that stopped
+        before its first checkpoint (a config, no train state), which the trainer starts again;
+        without `cfg` there is none (the command line, which points at --resume instead). The
+        trainer asks again under the lock: a run another process wrote meanwhile is refused."""
+        if not self.holds_run():
+            return
+        if cfg is not None and read_config(self.path).to_dict() == cfg.to_dict() and not self.has_checkpoint():
+            return
+        raise RunFolderError(f"{self.label} already holds a run; use --resume to continue it or choose another folder")
+
+    def start(self, cfg: RunConfig) -> None:
+        """A new run of `cfg`: the folder (made if needed) and its config.json."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_config(self.path, cfg)
+
+    def clear_metrics(self) -> None:
+        atomic_write_bytes(self.path / METRICS, b"")
+
+    def write_init(self, record: dict[str, Any]) -> None:
+        """Where the starting weights came from (`train.init_from`)."""
+        atomic_write_bytes(self.path / INIT, json.dumps(record, indent=1).encode())
+
+    def write_mimic(self, record: dict[str, Any]) -> None:
+        """The losses of mimicking pre-training (`train.mimic_steps`)."""
+        atomic_write_bytes(self.path / MIMIC, json.dumps(record).encode())
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        append_line(self.path / METRICS, json.dumps(record))
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_metrics(self.path)
+
+    def drop_metrics_after(self, step: int) -> None:
+        """metrics.jsonl without the records after `step` (a resumed run records them again) and
+        without a divergence record."""
+        kept = [r for r in self.metrics() if r["step"] <= step and not r.get("diverged")]
+        atomic_write_bytes(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in kept).encode())
+
+    def save_checkpoint(self, progress: Progress, weights: dict[str, Tensor], optimizer: dict[int, dict[str, Any]],
+                        generators: dict[str, torch.Generator]) -> None:
+        """Weights, AdamW's state by parameter index and the generators' states in the train state,
+        replaced atomically; then the weights file. Both carry the step and the weights' digest,
+        so resume can tell a weights file that is not the checkpoint's (a kill between the two
+        writes) and restore it; the train state's state_digest covers every tensor."""
+        tensors = {f"model.{k}": v for k, v in weights.items()}
+        for index, state in optimizer.items():
+            tensors.update({f"optim.{index}.{k}": torch.as_tensor(v) for k, v in state.items()})
+        tensors.update({f"rng.{name}": gen.get_state() for name, gen in generators.items()})
+        stamp = WeightsStamp(progress.step, weights_digest(weights))
+        meta = {"step": str(stamp.step), "digest": stamp.digest, "elapsed": repr(progress.elapsed),
+                "loss_sum": repr(progress.loss_sum), "loss_count": str(progress.loss_count),
+                "state_digest": weights_digest(tensors)}
+        save_tensors(self.path / TRAIN_STATE, tensors, meta)
+        save_weights(self.path, weights, stamp)
+
+    def resume_point(self, steps: int) -> Checkpoint | None:
+        """The checkpoint a resume continues from, its fields checked; None for a run that
+        stopped before its first checkpoint (a config, no train state), which starts again from
+        step 0 with a warning. RunFolderError when the folder holds no run, or its train state is
+        damaged, beyond `steps` (the config's train.steps) or missing the metrics up to it."""
+        path = self.path / TRAIN_STATE
+        if not path.exists():
+            if not self.holds_run():
+                raise RunFolderError(f"--resume: {self.path} holds no run ({CONFIG}); there is nothing to resume")
+            warnings.warn(f"{path} does not exist (the run stopped before its first checkpoint); starting from step 0",
+                          stacklevel=2)
+            return None
+        checkpoint = Checkpoint.read(path)  # every field present, the weights match their digest
+        step = checkpoint.stamp.step
+        if step > 0 and not self.metrics_file.exists():
+            raise RunFolderError(f"--resume: {self.metrics_file} is missing while {path} is at step {step}: "
+                                 f"the run's records up to there are lost. Restore the file, or train a new run")
+        if step > steps:
+            raise RunFolderError(f"{path}: meta.step={step} is beyond train.steps={steps} of {CONFIG}")
+        return checkpoint
+
+    def restore_weights_file(self, checkpoint: Checkpoint) -> None:
+        """The weights file must be the checkpoint's, by the hash of its tensors: one that is
+        missing, damaged (flipped bytes under an intact header) or stale is rewritten from it."""
+        try:
+            verified_weights(self.path)
+        except WeightsMismatch as err:
+            warnings.warn(f"{err}; rewritten from {TRAIN_STATE}", stacklevel=2)
+            save_weights(self.path, checkpoint.weights, checkpoint.stamp)
+
+    def remove_unstarted_run(self) -> None:
+        """After a failure before the first checkpoint: the run files this run wrote, and the
+        folder if nothing else is in it, so that it can be used again with other settings."""
+        if not self.path.is_dir() or self.has_checkpoint():
+            return
+        for name in (CONFIG, METRICS, MIMIC, DEMO):
+            (self.path / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
 def out_of_memory(err: BaseException) -> bool:
     """Whether `err` is a failed allocation: torch.OutOfMemoryError (a GPU), or the CPU allocator's."""
     return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
@@ -517,7 +544,7 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     from models.factory import build_model
 
     run_dir = Path(run_dir)
-    holder = None if run_dir.resolve() in _HELD else writer_pid(run_dir)  # this process's own lock: no warning
+    holder = None if locked_here(run_dir) else writer_pid(run_dir)  # this process's own lock: no warning
     if holder is not None:
         warnings.warn(f"{run_dir} is being trained by pid {holder}; loading its last checkpoint, not its final weights",
                       stacklevel=2)

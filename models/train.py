@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import math
 import os
 import shutil
 import sys
 import time
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -28,36 +26,21 @@ from tqdm.auto import tqdm
 from models.config import RunConfig, TrainConfig
 from models.factory import build_model, forward, unique_parameters
 from models.runs import (
-    CONFIG,
-    INIT,
-    METRICS,
-    MIMIC,
-    TRAIN_STATE,
-    WEIGHTS,
     LoadedRun,
+    Progress,
+    RunFolder,
     RunFolderError,
-    WeightsMismatch,
-    append_line,
-    atomic_write_bytes,
-    check_state_digest,
     load_run,
     load_weights,
     read_config,
-    read_metrics,
-    read_train_state,
-    run_lock,
     run_state,
     same_recipe,
-    save_tensors,
     verified_weights,
-    weights_digest,
-    write_config,
 )
 from tasks import Batch, ConfigError, logits_at_labels, make_task, seeded_generator
 
 IDENTITY_SCALARS = ("identity_a", "identity_b")  # models/identity_attention.py
 EVAL_CHUNK = 1000  # samples per evaluation forward pass; bounds memory on long sequences
-ADAMW_STATE = {"step", "exp_avg", "exp_avg_sq"}  # what AdamW keeps per parameter (optim.<index>.<name>)
 
 
 class TrainingDiverged(RuntimeError):
@@ -206,11 +189,13 @@ def supervised_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
 
 
 class Trainer:
-    """Trains one run into `run_dir`. With `resume=True` it continues from the folder's last
+    """Trains one run into `folder` (a RunFolder, or its path), which says what the run's files
+    are and checks what it reads. With `resume=True` it continues from the folder's last
     checkpoint and ends with the same weights as an uninterrupted run."""
 
-    def __init__(self, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True):
-        self.cfg, self.run_dir, self.resume, self.progress = cfg, Path(run_dir), resume, progress
+    def __init__(self, cfg: RunConfig, folder: RunFolder | str | Path, *, resume: bool = False, progress: bool = True):
+        self.cfg, self.resume, self.progress = cfg, resume, progress
+        self.folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
         self.task = make_task(cfg.task)
         self.device = resolve_device(cfg.train.device)
         self.model = build_model(cfg.model, self.task, seed=cfg.train.seed, device=self.device)
@@ -268,7 +253,7 @@ class Trainer:
         # denormal floats make CPU matmuls several times slower once small weights decay (large
         # init, gamma ~0.3); flushing them to zero changes no result we measure
         torch.set_flush_denormal(True)
-        with run_lock(self.run_dir), deterministic_kernels(self.device):
+        with self.folder.lock(), deterministic_kernels(self.device):
             return self._fit()
 
     def _fit(self) -> TrainResult:
@@ -276,11 +261,11 @@ class Trainer:
         train = self.cfg.train
         # in a log file (no terminal) one line every 30 s, not a redraw every second
         interval = 1.0 if sys.stderr.isatty() else 30.0
-        bar = tqdm(total=train.steps, initial=self.step, disable=not self.progress, desc=self.run_dir.name,
+        bar = tqdm(total=train.steps, initial=self.step, disable=not self.progress, desc=self.folder.path.name,
                    dynamic_ncols=True, mininterval=interval)
         record: dict[str, Any] = {}
         started = time.perf_counter() - self.elapsed
-        stopped = bool((read_metrics(self.run_dir) or [{}])[-1].get("stopped"))  # a resumed run the rule ended
+        stopped = bool((self.folder.metrics() or [{}])[-1].get("stopped"))  # a resumed run the rule ended
         while self.step < train.steps and not stopped:
             self._train_step(self._next_batch())
             self.step += 1
@@ -293,18 +278,13 @@ class Trainer:
             if self.step % train.checkpoint_every == 0 or self.step == train.steps or stopped:
                 self._checkpoint()
         bar.close()
-        return TrainResult(self.step, self.elapsed, record or (read_metrics(self.run_dir) or [{}])[-1])
+        return TrainResult(self.step, self.elapsed, record or (self.folder.metrics() or [{}])[-1])
 
     def _start(self) -> None:
-        """A new run. Checked again under the folder's lock: a run another process finished
-        meanwhile is never overwritten. Only a run of this same config that crashed before its
-        first checkpoint is started again."""
-        if (self.run_dir / CONFIG).exists():
-            same = read_config(self.run_dir).to_dict() == self.cfg.to_dict()
-            if not same or (self.run_dir / TRAIN_STATE).exists():
-                raise RunFolderError(f"{self.run_dir} already holds a run; use --resume to continue it or choose another folder")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(self.run_dir, self.cfg)
+        """A new run, if the folder may receive it (`RunFolder.check_receives`), asked under its
+        lock: a run another process finished meanwhile is never overwritten."""
+        self.folder.check_receives(self.cfg)
+        self.folder.start(self.cfg)
         self._begin_at_step_0()
 
     def _begin_at_step_0(self) -> None:
@@ -312,11 +292,11 @@ class Trainer:
         pre-training if the config asks for it."""
         if self.cfg.train.init_from is not None and self.init is None:  # a resume of a run that crashed before
             self.init = starting_weights(self.cfg, self.model, Path(self.cfg.train.init_from))  # its first checkpoint
-        atomic_write_bytes(self.run_dir / METRICS, b"")
+        self.folder.clear_metrics()
         if self.init is not None:
             tensors, record = self.init
             load_weights(self.model, {name: t.to(self.device) for name, t in tensors.items()})
-            atomic_write_bytes(self.run_dir / INIT, json.dumps(record, indent=1).encode())
+            self.folder.write_init(record)
         if self.cfg.train.mimic_steps:
             self._mimic()
 
@@ -327,8 +307,7 @@ class Trainer:
 
         gen = seeded_generator(self.cfg.train.seed + 3_000_003)
         losses = mimic_attention(self.model, self.task, self.cfg.train.mimic_steps, gen, progress=self.progress)
-        atomic_write_bytes(self.run_dir / MIMIC, json.dumps({"steps": len(losses), "final_loss": losses[-1],
-                                                            "loss": losses[:: max(1, len(losses) // 100)]}).encode())
+        self.folder.write_mimic({"steps": len(losses), "final_loss": losses[-1], "loss": losses[:: max(1, len(losses) // 100)]})
 
     def _next_batch(self) -> Batch:
         size = self.cfg.train.batch_size
@@ -370,10 +349,10 @@ class Trainer:
             self._record_divergence(total)
 
     def _record_divergence(self, value: float) -> None:
-        self._append_metrics({"step": self.step, "diverged": True, "train_loss": str(value)})
+        self.folder.append_metrics({"step": self.step, "diverged": True, "train_loss": str(value)})
         raise TrainingDiverged(
             f"the training loss became {value} at step {self.step}; the run is recorded as diverged in "
-            f"{self.run_dir / METRICS}. Lower train.lr (now {self.cfg.train.lr}), set train.grad_clip, "
+            f"{self.folder.metrics_file}. Lower train.lr (now {self.cfg.train.lr}), set train.grad_clip, "
             f"or raise model.init_gamma (smaller initial weights)."
         )
 
@@ -396,7 +375,7 @@ class Trainer:
         self.loss_count = 0
         if self._plateaued(record):
             record["stopped"] = "plateau"
-        self._append_metrics(record)
+        self.folder.append_metrics(record)
         return record
 
     def _plateaued(self, record: dict[str, Any]) -> bool:
@@ -420,7 +399,7 @@ class Trainer:
                               f"its evaluation does not record (it records {sorted(record)})")
         if self.step >= train.steps or self.step < train.plateau_min_steps:
             return False
-        records = [r for r in read_metrics(self.run_dir) if "train_loss" in r] + [record]
+        records = [r for r in self.folder.metrics() if "train_loss" in r] + [record]
         history = [r.get(metric) for r in records]
         if len(history) <= n or any(v is None for v in history):
             return False
@@ -428,88 +407,38 @@ class Trainer:
             return False
         return all(_settled([r.get(name) for r in records[-n:]], train.plateau_watch_tol) for name in train.plateau_watch)
 
-    def _append_metrics(self, record: dict[str, Any]) -> None:
-        append_line(self.run_dir / METRICS, json.dumps(record))
+    @property
+    def generators(self) -> dict[str, torch.Generator]:
+        """The random generators a checkpoint saves, by name: training data and stochastic depth."""
+        return {"data": self.data_gen, "depth": self.depth_gen}
 
     def _checkpoint(self) -> None:
-        """Weights, optimizer moments and RNG states in one file, replaced atomically; then the
-        weights file. Both carry the step and the weights' digest, so resume can tell a weights
-        file that is not the checkpoint's (a kill between the two writes) and restore it."""
+        """The run folder's checkpoint (`RunFolder.save_checkpoint`), after the divergence check,
+        so that no NaN weights are ever saved."""
         self._check_finite()
-        weights = unique_parameters(self.model)
-        tensors = {f"model.{k}": v for k, v in weights.items()}
-        for index, state in self.optimizer.state_dict()["state"].items():
-            tensors.update({f"optim.{index}.{k}": torch.as_tensor(v) for k, v in state.items()})
-        tensors["rng.data"], tensors["rng.depth"] = self.data_gen.get_state(), self.depth_gen.get_state()
-        stamp = {"step": str(self.step), "digest": weights_digest(weights)}
-        meta = {**stamp, "elapsed": repr(self.elapsed), "loss_sum": repr(self.loss_sum.item()), "loss_count": str(self.loss_count),
-                "state_digest": weights_digest(tensors)}  # every tensor: weights, optimizer moments, generators
-        save_tensors(self.run_dir / TRAIN_STATE, tensors, meta)
-        save_tensors(self.run_dir / WEIGHTS, weights, stamp)
+        progress = Progress(self.step, self.elapsed, self.loss_sum.item(), self.loss_count)
+        self.folder.save_checkpoint(progress, unique_parameters(self.model), self.optimizer.state_dict()["state"],
+                                    self.generators)
 
     def _restore(self) -> None:
-        """Continue from the train state. It is the truth: a weights file that is missing,
-        damaged or of another step is rewritten from it. A folder with a config but no train
-        state (a crash before the first checkpoint) starts again from step 0."""
-        path = self.run_dir / TRAIN_STATE
-        if not path.exists():
-            if not (self.run_dir / CONFIG).exists():
-                raise RunFolderError(f"--resume: {self.run_dir} holds no run ({CONFIG}); there is nothing to resume")
-            warnings.warn(f"{path} does not exist (the run stopped before its first checkpoint); starting from step 0",
-                          stacklevel=2)
+        """Continue from the folder's checkpoint. Its train state is the truth: a weights file that
+        is missing, damaged or of another step is rewritten from it. A folder with a config but no
+        train state (a crash before the first checkpoint) starts again from step 0."""
+        checkpoint = self.folder.resume_point(self.cfg.train.steps)
+        if checkpoint is None:
             self._begin_at_step_0()
             return
-        tensors, meta = read_train_state(path)  # every field present, and its tensors match their digests
-        if meta["step"] > 0 and not (self.run_dir / METRICS).exists():
-            raise RunFolderError(f"--resume: {self.run_dir / METRICS} is missing while {path} is at step {meta['step']}: "
-                                 f"the run's records up to there are lost. Restore the file, or train a new run")
-        if meta["step"] > self.cfg.train.steps:
-            raise RunFolderError(f"{path}: meta.step={meta['step']} is beyond train.steps={self.cfg.train.steps} of {CONFIG}")
-        weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-        load_weights(self.model, weights, source=path)
-        self._load_optimizer_state(tensors, path)
-        for name, gen in (("rng.data", self.data_gen), ("rng.depth", self.depth_gen)):
-            try:
-                gen.set_state(tensors[name])
-            except (RuntimeError, TypeError) as err:
-                raise RunFolderError(f"{path}: {name} is not a random generator's state ({err})") from None
-        check_state_digest(path, tensors, meta)  # after the checks by field, which name what is wrong
-        self.step, self.elapsed = meta["step"], meta["elapsed"]
-        self.loss_sum.fill_(meta["loss_sum"])
-        self.loss_count = meta["loss_count"]
-        self._restore_weights_file(weights, meta)
-        kept = [r for r in read_metrics(self.run_dir) if r["step"] <= self.step and not r.get("diverged")]
-        atomic_write_bytes(self.run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in kept).encode())
-
-    def _restore_weights_file(self, weights: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        """The weights file must be the train state's, by the hash of its tensors: one that is
-        missing, damaged (flipped bytes under an intact header) or stale is rewritten."""
-        try:
-            verified_weights(self.run_dir)
-        except WeightsMismatch as err:
-            warnings.warn(f"{err}; rewritten from {TRAIN_STATE}", stacklevel=2)
-            save_tensors(self.run_dir / WEIGHTS, weights, {"step": str(meta["step"]), "digest": meta["digest"]})
-
-    def _load_optimizer_state(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
-        """AdamW's moments from the train state, checked against the model's parameters (a
-        parameter that never had a gradient, like a block stochastic depth skipped, has none)."""
+        load_weights(self.model, checkpoint.weights, source=checkpoint.path)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for key, value in tensors.items():
-            if key.startswith("optim."):
-                index, _, name = key[len("optim."):].partition(".")
-                if not index.isdigit() or int(index) >= len(params):
-                    raise RunFolderError(f"{path}: {key} belongs to no parameter of this model ({len(params)} parameters)")
-                state.setdefault(int(index), {})[name] = value if name == "step" else value.to(self.device)
-        for index, entry in state.items():
-            if set(entry) != ADAMW_STATE:
-                raise RunFolderError(f"{path}: optim.{index} holds {sorted(entry)}, not AdamW's {sorted(ADAMW_STATE)}")
-            for name in ("exp_avg", "exp_avg_sq"):
-                if entry[name].shape != params[index].shape:
-                    raise RunFolderError(f"{path}: optim.{index}.{name} has shape {tuple(entry[name].shape)}, its "
-                                         f"parameter {tuple(params[index].shape)}")
-        template = self.optimizer.state_dict()
-        self.optimizer.load_state_dict({"state": state, "param_groups": template["param_groups"]})
+        state = checkpoint.optimizer_state(params, self.device)
+        self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
+        checkpoint.restore_generators(self.generators)
+        checkpoint.check_digest()  # after the checks by field, which name what is wrong
+        progress = checkpoint.progress
+        self.step, self.elapsed, self.loss_count = progress.step, progress.elapsed, progress.loss_count
+        self.loss_sum.fill_(progress.loss_sum)
+        self.folder.restore_weights_file(checkpoint)
+        self.folder.drop_metrics_after(self.step)
 
 
 def _settled(values: list[Any], tol: float) -> bool:
@@ -529,9 +458,9 @@ def train_or_load(cfg: RunConfig, run_dir: str | Path, progress: bool = True) ->
     """The trained run in `run_dir`: loaded when it is finished, resumed when it was cut short,
     trained when the folder is new. For notebooks and scripts that should not retrain what
     exists. A folder that holds a run of another config is an error, not silently reused."""
-    run_dir = Path(run_dir)
-    if (run_dir / CONFIG).exists() and not same_recipe(read_config(run_dir), cfg):
+    folder = RunFolder(run_dir)
+    if folder.holds_run() and not same_recipe(read_config(folder.path), cfg):
         raise ConfigError(f"{run_dir} holds a run with another config; choose another folder or load it with load_run")
-    if run_state(run_dir, cfg) != "done":
-        Trainer(cfg, run_dir, resume=(run_dir / TRAIN_STATE).exists(), progress=progress).fit()
-    return load_run(run_dir)
+    if run_state(folder.path, cfg) != "done":
+        Trainer(cfg, folder, resume=folder.has_checkpoint(), progress=progress).fit()
+    return load_run(folder.path)

@@ -16,13 +16,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
 
-from analyses.study import Study, StudyContext
+from analyses.study import Scales, Study, StudyContext
 from analyses.sweep import CellResult, grid_cells, grid_points
 from interp.complexity import embedding_spectrum, leading_share, query_condensation
 from interp.patching import logit_diff_metric, patch_residual
@@ -41,85 +43,103 @@ from tasks import CompositeConfig, CompositeTask, seeded_generator
 
 SEEN_LEARNED = 0.9  # the paper counts a run whose seen-pair accuracy is below this as unlearned
 VERDICT_MARK = {"inferential": "I", "symmetric": "S", "mixed": "M", "unlearned": "U"}
-EVAL_SAMPLES = {"tiny": 200, "cpu": 2000, "gpu": 5000, "paper": 5000}
+
+
+@dataclass(frozen=True)
+class CompositeScale:
+    """What one scale of the composite studies trains and measures. `base`: the config every cell
+    starts from, before the study's `--set`; `phase_grid`: composite-phase's grid, seed first
+    (slowest) so that a run cut short has whole diagrams for the first seeds; `contrast_gammas`:
+    composite-mechanism's small and large gamma; `lr_wd_grid`: composite-lr-wd's grid (one seed
+    unless it says otherwise; `--seeds` adds more); `eval_samples`: fresh sequences per pair type
+    for each cell's verdict."""
+
+    base: Callable[[], RunConfig]
+    phase_grid: dict[str, list[Any]]
+    contrast_gammas: tuple[float, float]
+    lr_wd_grid: dict[str, list[Any]]
+    eval_samples: int
+
+
+def _tiny_base() -> RunConfig:
+    return RunConfig(task=CompositeConfig(),
+                     model=ModelConfig(n_layers=2, d_model=32, n_heads=1, d_mlp=64, init_gamma=0.5),
+                     train=TrainConfig(steps=10, batch_size=32, warmup_steps=2, eval_every=5, eval_size=64,
+                                       checkpoint_every=10))
+
+
+def _cpu_base() -> RunConfig:
+    """The composite-cpu preset trained to the stop rule (seen-pair accuracy no higher over 5
+    evaluations of 100 steps; at most 3,000 steps), compiled where a C++ compiler is at hand, with
+    bf16 autocast where the CPU has bf16 kernels (about 3x the eager fp32 steps/s at depth 2,
+    analyses/RESULTS.md). So the cells' configs depend on the machine: a study folder resumed on a
+    machine with other options refuses its finished cells as another config; `--set
+    train.precision=... --set train.compile=...` matches them."""
+    cpu = get_preset("composite-cpu")
+    return dataclasses.replace(cpu, train=dataclasses.replace(cpu.train, steps=3000, plateau_evals=5,
+                                                              **fastest_cpu_options()))
+
+
+SCALES = Scales(
+    CompositeScale,
+    tiny=CompositeScale(_tiny_base, phase_grid={"train.seed": [0], "model.init_gamma": [0.3, 0.9], "model.n_layers": [1]},
+                        contrast_gammas=(0.3, 0.9),
+                        lr_wd_grid={"train.lr": [1e-3, 3e-3], "train.weight_decay": [0.01, 1.0]}, eval_samples=200),
+    # phase: the paper's gammas and 0.9 at depth 2-5, 3 seeds and one learning rate (1e-3), to fit 60
+    # minutes of 2 cores (the paper: 3 seeds x 9 learning rates; at depth 2 the pre-LN verdicts of gamma
+    # 0.5 and 0.7 did not depend on the lr over 5e-4..2e-3, but gamma 0.8's did, analyses/RESULTS.md).
+    # Contrast: 0.5 vs 0.7, the symmetric and inferential depth-2 cells of the pre-LN cpu phase diagram,
+    # whose gamma 0.9 cells answered symmetrically
+    cpu=CompositeScale(_cpu_base, phase_grid={"train.seed": [0, 1, 2],
+                                              "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+                                              "model.n_layers": [2, 3, 4, 5]},
+                       contrast_gammas=(0.5, 0.7),
+                       lr_wd_grid={"train.lr": [1e-3, 3e-3], "train.weight_decay": [0.01, 1.0]}, eval_samples=2000),
+    # the composite-gpu preset (the paper's width and post-LN block, batch 2048, fresh data, to the stop
+    # rule or 6,000 steps). Phase: the paper's gammas (0.3-0.8; at its width 400, gamma 0.9 is std
+    # 0.0045) at depth 2-5, one learning rate. Contrast: the paper's gammas, at its width. lr x wd: the
+    # paper's peak lr 2.5e-4, the preset's 5e-4 and twice that, times the paper's weight decays
+    gpu=CompositeScale(partial(get_preset, "composite-gpu"),
+                       phase_grid={"train.seed": [0, 1], "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8],
+                                   "model.n_layers": [2, 3, 4, 5]},
+                       contrast_gammas=(0.5, 0.8),
+                       lr_wd_grid={"train.lr": [2.5e-4, 5e-4, 1e-3], "train.weight_decay": [0.0, 0.01, 0.1, 1.0]},
+                       eval_samples=5000),
+    # phase: 3 seeds x 9 learning rates uniformly in [1e-4, 3e-4] per cell (PAPERS.md section 2)
+    paper=CompositeScale(partial(get_preset, "composite-paper"),
+                         phase_grid={"train.seed": [0, 1, 2], "train.lr": [round(1e-4 + i * 2.5e-5, 7) for i in range(9)],
+                                     "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], "model.n_layers": [2, 3, 4, 5, 6]},
+                         contrast_gammas=(0.5, 0.8),
+                         lr_wd_grid={"train.seed": [0, 1, 2], "train.lr": [1e-4, 2e-4, 3e-4, 5e-4],
+                                     "train.weight_decay": [0.0, 0.01, 0.1, 1.0]},
+                         eval_samples=5000),
+)
 
 
 def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
-    """The config every cell starts from, with the study's `--set` overrides (e.g.
-    model.norm_position=post). cpu: the composite-cpu preset trained to the stop rule (seen-pair
-    accuracy no higher over 5 evaluations of 100 steps; at most 3,000 steps), compiled where a
-    C++ compiler is at hand, with bf16 autocast where the CPU has bf16 kernels (about 3x the
-    eager fp32 steps/s at depth 2, analyses/RESULTS.md). So the cells' configs depend on the
-    machine: a study folder resumed on a machine with other options refuses its finished cells as
-    another config; `--set train.precision=... --set train.compile=...` matches them. gpu: the composite-gpu preset (the
-    paper's width and post-LN block, batch 2048, fresh data, to the stop rule or 6,000 steps)."""
-    if scale == "tiny":
-        base = RunConfig(task=CompositeConfig(),
-                         model=ModelConfig(n_layers=2, d_model=32, n_heads=1, d_mlp=64, init_gamma=0.5),
-                         train=TrainConfig(steps=10, batch_size=32, warmup_steps=2, eval_every=5, eval_size=64,
-                                           checkpoint_every=10))
-    elif scale == "cpu":
-        cpu = get_preset("composite-cpu")
-        base = dataclasses.replace(cpu, train=dataclasses.replace(
-            cpu.train, steps=3000, plateau_evals=5, **fastest_cpu_options()))
-    elif scale == "gpu":
-        base = get_preset("composite-gpu")
-    else:
-        base = get_preset("composite-paper")
-    return base.with_overrides(list(overrides))
-
-
-def phase_grid(scale: str) -> dict[str, list[Any]]:
-    """Seed slowest, so a run cut short has whole diagrams for the first seeds. cpu: the paper's
-    gammas and 0.9 at depth 2-5, 3 seeds and one learning rate (1e-3), to fit 60 minutes of 2
-    cores (the paper: 3 seeds x 9 learning rates; at depth 2 the pre-LN verdicts of gamma 0.5 and
-    0.7 did not depend on the lr over 5e-4..2e-3, but gamma 0.8's did, analyses/RESULTS.md). gpu: the paper's
-    gammas (0.3-0.8; at its width 400, gamma 0.9 is std 0.0045) at depth 2-5, one learning rate."""
-    if scale == "tiny":
-        return {"train.seed": [0], "model.init_gamma": [0.3, 0.9], "model.n_layers": [1]}
-    if scale == "cpu":
-        return {"train.seed": [0, 1, 2], "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
-                "model.n_layers": [2, 3, 4, 5]}
-    if scale == "gpu":
-        return {"train.seed": [0, 1], "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], "model.n_layers": [2, 3, 4, 5]}
-    # paper: 3 seeds x 9 learning rates uniformly in [1e-4, 3e-4] per cell (PAPERS.md section 2)
-    return {"train.seed": [0, 1, 2], "train.lr": [round(1e-4 + i * 2.5e-5, 7) for i in range(9)],
-            "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], "model.n_layers": [2, 3, 4, 5, 6]}
+    """The config every cell of `scale` starts from, with the study's `--set` overrides (e.g.
+    model.norm_position=post)."""
+    return SCALES[scale].base().with_overrides(list(overrides))
 
 
 def with_seeds(grid: dict[str, list[Any]], ctx: StudyContext) -> dict[str, list[Any]]:
-    """`grid` with the caller's `--seeds` as its first (slowest) axis; unchanged without them."""
+    """A copy of `grid` (a scale's, which stays as declared), with the caller's `--seeds` as its
+    first (slowest) axis when given."""
     if not ctx.seeds:
-        return grid
-    return {"train.seed": list(ctx.seeds), **{k: v for k, v in grid.items() if k != "train.seed"}}
+        return {key: list(values) for key, values in grid.items()}
+    return {"train.seed": list(ctx.seeds), **{k: list(v) for k, v in grid.items() if k != "train.seed"}}
 
 
 def contrast_gammas(scale: str, chosen: tuple[float, float] | None = None) -> dict[str, float]:
     """The gammas of the mechanism study's two models: `chosen` (`--gammas SMALL,LARGE`), else
-    the scale's (paper: 0.5 vs 0.8; cpu: 0.5 vs 0.7, the symmetric and inferential depth-2
-    cells of the pre-LN cpu phase diagram, whose gamma 0.9 cells answered symmetrically; gpu:
-    the paper's, at its width)."""
-    if chosen is not None:
-        return {"small_gamma": chosen[0], "large_gamma": chosen[1]}
-    return {"tiny": {"small_gamma": 0.3, "large_gamma": 0.9}, "cpu": {"small_gamma": 0.5, "large_gamma": 0.7},
-            "gpu": {"small_gamma": 0.5, "large_gamma": 0.8}, "paper": {"small_gamma": 0.5, "large_gamma": 0.8}}[scale]
+    the scale's."""
+    small, large = chosen if chosen is not None else SCALES[scale].contrast_gammas
+    return {"small_gamma": small, "large_gamma": large}
 
 
 def with_model(cfg: RunConfig, **changes: Any) -> RunConfig:
     """`cfg` with its model section changed (validated like any other config)."""
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **changes))
-
-
-def lr_wd_grid(scale: str) -> dict[str, list[Any]]:
-    """gpu: the paper's peak lr 2.5e-4, the composite-gpu preset's 5e-4 and twice that, times
-    the paper's weight decays; one seed (`--seeds` adds more)."""
-    if scale == "tiny":
-        return {"train.lr": [1e-3, 3e-3], "train.weight_decay": [0.01, 1.0]}
-    if scale == "cpu":
-        return {"train.lr": [1e-3, 3e-3], "train.weight_decay": [0.01, 1.0]}
-    if scale == "gpu":
-        return {"train.lr": [2.5e-4, 5e-4, 1e-3], "train.weight_decay": [0.0, 0.01, 0.1, 1.0]}
-    return {"train.seed": [0, 1, 2], "train.lr": [1e-4, 2e-4, 3e-4, 5e-4], "train.weight_decay": [0.0, 0.01, 0.1, 1.0]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,7 +182,7 @@ def _measure_cells(ctx: StudyContext, results: dict[str, CellResult], subdir: st
             continue
         run = load_run(ctx.out / subdir / name)
         measured[name] = {"status": "done", "train_seconds": round(result.seconds, 1),
-                          **cell_measures(run, EVAL_SAMPLES[ctx.scale])}
+                          **cell_measures(run, SCALES[ctx.scale].eval_samples)}
     return measured
 
 
@@ -208,7 +228,7 @@ def aggregate_phase(points: dict[str, dict[str, Any]], measured: dict[str, dict[
     return table
 
 
-def sweep_phase_table(index: dict[str, Any], sweep_dir: Path | None = None, n: int = EVAL_SAMPLES["cpu"]
+def sweep_phase_table(index: dict[str, Any], sweep_dir: Path | None = None, n: int = SCALES["cpu"].eval_samples
                       ) -> dict[str, dict[str, Any]]:
     """`aggregate_phase` over a composite sweep's index (sweep.json), from each cell's last
     evaluation (seen accuracy and held-out rates on the run's evaluation batch, about 140
@@ -232,7 +252,8 @@ def sweep_phase_table(index: dict[str, Any], sweep_dir: Path | None = None, n: i
     return aggregate_phase(points, measured, base["d_model"])
 
 
-def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = EVAL_SAMPLES["cpu"]) -> dict[str, dict[str, Any]]:
+def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = SCALES["cpu"].eval_samples
+                    ) -> dict[str, dict[str, Any]]:
     """Per finished cell of a composite sweep: its grid point, the init std of its gamma at its
     width, the steps it trained and why it stopped (the stop rule, or the step budget), and the
     verdict measured on `n` fresh sequences per pair type, test keys and training keys."""
@@ -292,7 +313,7 @@ def _by_position(measures: dict[str, Any], answer: str) -> str:
 
 def run_phase(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
-    grid = with_seeds(phase_grid(ctx.scale), ctx)
+    grid = with_seeds(SCALES[ctx.scale].phase_grid, ctx)
     base = base_config(ctx.scale, ctx.overrides)
     points, trained, measured = train_and_measure(ctx, base, grid)
     table = aggregate_phase(points, measured, base.model.d_model)
@@ -344,7 +365,7 @@ def patching_at_sites(run: LoadedRun, change: str, n: int = 256, key_pos: int = 
 
 
 def mechanism_measures(run: LoadedRun, scale: str) -> dict[str, Any]:
-    n = EVAL_SAMPLES[scale]
+    n = SCALES[scale].eval_samples
     probes = composite_probe_map(run.model, run.task, n_train=max(400, n * 2), n_test=n)
     probe_table = {f"{site}:{quantity}": [round(v, 3) for v in probes.at(site, quantity).tolist()]
                    for site in probes.site_names for quantity in probes.quantity_names}
@@ -437,7 +458,7 @@ def lr_wd_base(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
 
 def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
-    grid = with_seeds(lr_wd_grid(ctx.scale), ctx)
+    grid = with_seeds(SCALES[ctx.scale].lr_wd_grid, ctx)
     base = lr_wd_base(ctx.scale, ctx.overrides)
     points, _, measured = train_and_measure(ctx, base, grid)
     rows = [[points[n].get("train.lr"), points[n].get("train.weight_decay"), points[n].get("train.seed", 0),
@@ -476,9 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", action="store_true",
                         help="measure every finished cell on fresh test-key sequences (--n per pair type), as the phase "
                              "study does, instead of reading its last evaluation")
-    parser.add_argument("--n", type=int, default=EVAL_SAMPLES["cpu"],
-                        help=f"with --measure: sequences per pair type (default {EVAL_SAMPLES['cpu']:,}, the cpu scale's; "
-                             f"gpu {EVAL_SAMPLES['gpu']:,})")
+    parser.add_argument("--n", type=int, default=SCALES["cpu"].eval_samples,
+                        help=f"with --measure: sequences per pair type (default {SCALES['cpu'].eval_samples:,}, the cpu "
+                             f"scale's; gpu {SCALES['gpu'].eval_samples:,})")
     parser.add_argument("--cells", action="store_true",
                         help="one line per finished cell instead of the phase protocol's (gamma, depth) table: its grid "
                              "point, steps trained, why it stopped, and the verdict on fresh test-key and training-key "

@@ -31,14 +31,16 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from analyses.study import Cell, Study, StudyContext
+from analyses.study import Cell, Scales, Study, StudyContext
 from analyses.sweep import CellResult
 from interp import plots
 from interp.analysis import counterfactual_pairs
@@ -66,27 +68,69 @@ HARDCODED = {"*.0": "association", "*.1": "manipulation", "*.2": "broadcast"}
 # ---------------------------------------------------------------- configurations
 
 
+# tiny's curriculum: the cpu one's shape in seconds (two stages: #0-#1 of 4, then #0-#2 of 5)
+TINY_CURRICULUM = Curriculum(
+    name="lego-tiny", preset="lego-cpu",
+    common=("model.planted={}", "model.n_layers=2", "model.d_model=24", "model.n_heads=3", "train.batch_size=16",
+            "train.warmup_steps=2", "train.eval_every=4", "train.eval_size=64", "train.checkpoint_every=8"),
+    stages=(Stage("1", ("task.n_vars=4", "task.n_supervised=2", "train.steps=8")),
+            Stage("2", ("task.n_vars=5", "task.n_supervised=3", "train.steps=8"))),
+    about="smoke test of the study's curriculum path")
+
+
+@dataclass(frozen=True)
+class LegoScale:
+    """What one scale of the LEGO studies trains and measures (the module docstring says what each
+    scale is for). `base`: what `variant` builds on; `curricula`: BERT's and the tied kinds', which
+    train the learned kinds (None: they train in one run); `seeds` of the comparisons, `pair_seeds`
+    of the BERT vs ALBERT ones; `depths` of the extrapolation comparison (its deepest is
+    percolation's and stochastic depth's); `probe_samples`: (train, test) sentences of a probe map;
+    `rule_samples`: test sentences of the parity rules."""
+
+    base: Callable[[], RunConfig]
+    curricula: tuple[Curriculum, Curriculum] | None
+    seeds: tuple[int, ...]
+    pair_seeds: tuple[int, ...]
+    depths: tuple[int, ...]
+    mimic_steps: int
+    probe_samples: tuple[int, int]
+    rule_samples: int
+
+
+def _tiny_base() -> RunConfig:
+    return RunConfig(
+        task=LegoConfig(n_vars=4, supervision="first", n_supervised=2),
+        model=ModelConfig(n_layers=2, d_model=24, n_heads=3, positional="rotary", planted={"1.0": "association"}),
+        train=TrainConfig(steps=12, batch_size=16, warmup_steps=2, eval_every=4, eval_size=64, checkpoint_every=12),
+    )
+
+
+def _paper_base() -> RunConfig:
+    cfg = get_preset("lego-paper")
+    planted = {f"{layer}.0": "association" for layer in range(1, cfg.model.n_layers)}
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, planted=planted))
+
+
+# The base: the hybrid (planted association heads, the rest learned), but plain at gpu scale, where a GPU's
+# data budget is meant to let the heads be learned. Where curricula train the learned kinds, `variant` of
+# those kinds is that hybrid, kept for the ground-truth comparisons. Depths: cpu the curriculum's 4, which
+# follow three hops (#4; RESULTS.md); gpu 8 and 12, so that the deeper pair has a layer per chain step up to #11.
+SCALES = Scales(
+    LegoScale,
+    tiny=LegoScale(_tiny_base, curricula=(TINY_CURRICULUM, TINY_CURRICULUM), seeds=(0,), pair_seeds=(0,),
+                   depths=(2, 3), mimic_steps=5, probe_samples=(200, 200), rule_samples=200),
+    cpu=LegoScale(partial(get_preset, "lego-cpu"), curricula=(LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT), seeds=(0,),
+                  pair_seeds=(0, 1), depths=(4,), mimic_steps=300, probe_samples=(3000, 2000), rule_samples=2000),
+    gpu=LegoScale(partial(get_preset, "lego-gpu"), curricula=None, seeds=(0, 1), pair_seeds=(0, 1), depths=(8, 12),
+                  mimic_steps=1000, probe_samples=(3000, 2000), rule_samples=2000),
+    paper=LegoScale(_paper_base, curricula=None, seeds=(0, 1, 2), pair_seeds=(0, 1, 2), depths=(12,), mimic_steps=2000,
+                    probe_samples=(3000, 2000), rule_samples=2000),
+)
+
+
 def base_config(scale: str) -> RunConfig:
-    """The base of the kinds `variant` builds: the hybrid (planted association heads, the rest
-    learned) at tiny, cpu and paper scale; plain at gpu scale, where a GPU's data budget is meant
-    to let the heads be learned. At tiny and cpu scale the studies' "bert"/"albert"/"albert-sd"
-    are not built from it but trained by the scale's curriculum (`plan`); `variant` of those
-    kinds there is the planted hybrid, kept for the ground-truth comparisons."""
-    if scale == "cpu":
-        return get_preset("lego-cpu")
-    if scale == "gpu":
-        return get_preset("lego-gpu")
-    if scale == "paper":
-        cfg = get_preset("lego-paper")
-        planted = {f"{layer}.0": "association" for layer in range(1, cfg.model.n_layers)}
-        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, planted=planted))
-    if scale == "tiny":
-        return RunConfig(
-            task=LegoConfig(n_vars=4, supervision="first", n_supervised=2),
-            model=ModelConfig(n_layers=2, d_model=24, n_heads=3, positional="rotary", planted={"1.0": "association"}),
-            train=TrainConfig(steps=12, batch_size=16, warmup_steps=2, eval_every=4, eval_size=64, checkpoint_every=12),
-        )
-    raise ConfigError(f"scale {scale!r} is unknown")
+    """The base of the kinds `variant` builds at `scale`."""
+    return SCALES[scale].base()
 
 
 def variant(scale: str, kind: str, seed: int = 0, layers: int | None = None, **task: Any) -> RunConfig:
@@ -108,7 +152,7 @@ def variant(scale: str, kind: str, seed: int = 0, layers: int | None = None, **t
     elif kind in ("standard", "mimic"):
         model = dataclasses.replace(model, planted={})
         if kind == "mimic":
-            train = dataclasses.replace(train, mimic_steps={"tiny": 5, "cpu": 300, "gpu": 1000, "paper": 2000}[scale])
+            train = dataclasses.replace(train, mimic_steps=SCALES[scale].mimic_steps)
     elif kind in ("hardcoded", "hybrid3"):
         n_heads = 3 if kind == "hardcoded" else 6
         model = dataclasses.replace(model, n_heads=n_heads, d_head=max(8, model.d_model // 4), planted=dict(HARDCODED))
@@ -117,41 +161,26 @@ def variant(scale: str, kind: str, seed: int = 0, layers: int | None = None, **t
     return RunConfig(task=dataclasses.replace(cfg.task, **task), model=model, train=train)
 
 
-# tiny's curriculum: the cpu one's shape in seconds (two stages: #0-#1 of 4, then #0-#2 of 5)
-TINY_CURRICULUM = Curriculum(
-    name="lego-tiny", preset="lego-cpu",
-    common=("model.planted={}", "model.n_layers=2", "model.d_model=24", "model.n_heads=3", "train.batch_size=16",
-            "train.warmup_steps=2", "train.eval_every=4", "train.eval_size=64", "train.checkpoint_every=8"),
-    stages=(Stage("1", ("task.n_vars=4", "task.n_supervised=2", "train.steps=8")),
-            Stage("2", ("task.n_vars=5", "task.n_supervised=3", "train.steps=8"))),
-    about="smoke test of the study's curriculum path")
-
-LEARNED_KINDS = ("bert", "albert", "albert-sd")  # at tiny and cpu scale: trained by the scale's curriculum
+LEARNED_KINDS = ("bert", "albert", "albert-sd")  # trained by the scale's curricula where it has them
 
 
 def curriculum(scale: str, kind: str = "bert") -> Curriculum | None:
     """The curriculum that trains a learned kind of a scale (cpu: `lego-three-hops`, for the tied
     kinds `lego-three-hops-albert`); None where the kind trains in one run (gpu: plain; paper:
     the hybrid; the other kinds)."""
-    if kind not in LEARNED_KINDS:
+    curricula = SCALES[scale].curricula
+    if curricula is None or kind not in LEARNED_KINDS:
         return None
-    if scale == "cpu":
-        return LEGO_THREE_HOPS if kind == "bert" else LEGO_THREE_HOPS_ALBERT
-    return TINY_CURRICULUM if scale == "tiny" else None
+    bert, tied = curricula
+    return bert if kind == "bert" else tied
 
 
-def seeds(ctx: StudyContext, cpu: tuple[int, ...] = (0,)) -> list[int]:
-    """The seeds of the comparisons: `--seeds` when given, else `cpu` at cpu scale (one, or two for
-    the BERT vs ALBERT comparisons of learned models), two at gpu scale, three for the paper, one
-    at tiny. Studies that analyse a single model (shortcut) take the first."""
-    return ctx.seeds_or({"paper": [0, 1, 2], "gpu": [0, 1], "cpu": list(cpu)}.get(ctx.scale, [0]))
-
-
-def depths(scale: str) -> list[int]:
-    """Depths of the extrapolation comparison. cpu: the curriculum's 4 layers, which follow
-    three hops (#4; RESULTS.md). gpu: 8 and 12 layers, so the deeper pair has a layer per chain
-    step up to #11."""
-    return {"tiny": [2, 3], "cpu": [4], "gpu": [8, 12], "paper": [12]}[scale]
+def seeds(ctx: StudyContext, pairs: bool = False) -> list[int]:
+    """The seeds of the comparisons, or with `pairs` of the BERT vs ALBERT comparisons of learned
+    models: `--seeds` when given, else the scale's. Studies that analyse a single model
+    (shortcut) take the first."""
+    scale = SCALES[ctx.scale]
+    return ctx.seeds_or(scale.pair_seeds if pairs else scale.seeds)
 
 
 def pool_cell(scale: str, kind: str, seed: int, layers: int | None = None, *tags: str) -> Cell:
@@ -300,9 +329,9 @@ def finish(ctx: StudyContext, title: str, sections: list[tuple[str, str]], resul
 def extrapolation_study(ctx: StudyContext, group: str = "z2") -> dict[str, Any]:
     """Finding 2: train on the first k of n variables; does ALBERT extrapolate beyond k better than BERT?"""
     tags = () if group == "z2" else (group,)
-    layer_options = depths(ctx.scale) if group == "z2" else depths(ctx.scale)[:1]
+    layer_options = SCALES[ctx.scale].depths if group == "z2" else SCALES[ctx.scale].depths[:1]
     planned = dict(plan(ctx, kind, seed, layers, *tags, group=group)
-                   for layers in layer_options for kind in ("bert", "albert") for seed in seeds(ctx, cpu=(0, 1)))
+                   for layers in layer_options for kind in ("bert", "albert") for seed in seeds(ctx, pairs=True))
     train_pool(ctx, planned)
     cells = last_stages(planned)
     rows, table = accuracy_rows(ctx, cells)
@@ -337,7 +366,7 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2") -> dict[str, Any]:
 
 def _rules_of(ctx: StudyContext, names) -> dict[str, list[dict[str, Any]]]:
     """`lego_parity_rules` of each trained Z2 model, on 2,000 test sentences (200 at tiny scale)."""
-    n = 200 if ctx.scale == "tiny" else 2000
+    n = SCALES[ctx.scale].rule_samples
     found = {}
     for name in names:
         run = load_run(pool_dir(ctx) / name)
@@ -358,12 +387,12 @@ def _rules_section(rules: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
 
 def percolation_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 3: the (layer x depth) probe map of BERT and ALBERT; is ALBERT's closer to one layer per step?"""
-    layers = depths(ctx.scale)[-1]
-    planned = dict(plan(ctx, kind, seed, layers) for seed in seeds(ctx, cpu=(0, 1)) for kind in ("bert", "albert"))
+    layers = SCALES[ctx.scale].depths[-1]
+    planned = dict(plan(ctx, kind, seed, layers) for seed in seeds(ctx, pairs=True) for kind in ("bert", "albert"))
     train_pool(ctx, planned)
     cells = last_stages(planned)
     maps, sections, headline = {}, [], {}
-    n = {"tiny": (200, 200), "cpu": (3000, 2000), "gpu": (3000, 2000), "paper": (3000, 2000)}[ctx.scale]
+    n = SCALES[ctx.scale].probe_samples
     for name in (cell.name for cell in cells):
         run = load_run(pool_dir(ctx) / name)
         probe = lego_probe_map(run.model, run.task, n_train=n[0], n_test=n[1])
@@ -381,8 +410,8 @@ def percolation_study(ctx: StudyContext) -> dict[str, Any]:
 
 def stochastic_depth_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 4: ALBERT with a depth drawn per batch (full depth at test) vs fixed depth."""
-    layers = depths(ctx.scale)[-1]
-    planned = dict(plan(ctx, kind, seed, layers) for kind in ("albert", "albert-sd") for seed in seeds(ctx, cpu=(0, 1)))
+    layers = SCALES[ctx.scale].depths[-1]
+    planned = dict(plan(ctx, kind, seed, layers) for kind in ("albert", "albert-sd") for seed in seeds(ctx, pairs=True))
     train_pool(ctx, planned)
     return _comparison(ctx, last_stages(planned), "LEGO: stochastic depth for ALBERT (Figure 5)")
 
@@ -482,7 +511,7 @@ def _last_variable_evidence(ctx: StudyContext, name: str) -> dict[str, Any]:
     """Probes per depth (is the last variable readable earlier than the middle ones?) and head
     patching at the last slot (which heads carry it?)."""
     run = load_run(pool_dir(ctx) / name)
-    n = {"tiny": (200, 200), "cpu": (3000, 2000), "gpu": (3000, 2000), "paper": (3000, 2000)}[ctx.scale]
+    n = SCALES[ctx.scale].probe_samples
     probe = lego_probe_map(run.model, run.task, n_train=n[0], n_test=n[1])
     gen = seeded_generator(7)
     clean = run.task.sample(64, gen, split="test", aligned=True)
@@ -528,7 +557,7 @@ def _evidence_html(evidence: dict[str, Any]) -> str:
 
 def heads_study(ctx: StudyContext) -> dict[str, Any]:
     """Finding 5: head labels of every trained model in the pool, and the heads the answer depends on."""
-    train_pool(ctx, dict(plan(ctx, kind, seed) for kind in ("bert", "albert") for seed in seeds(ctx, cpu=(0, 1))))
+    train_pool(ctx, dict(plan(ctx, kind, seed) for kind in ("bert", "albert") for seed in seeds(ctx, pairs=True)))
     names = sorted(p.name for p in pool_dir(ctx).iterdir() if finished(p))  # not one still training
     rows, per_model, counts = [], {}, {"association": 0, "manipulation": 0}
     for name in names:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import matplotlib.pyplot as plt
 import torch
 
-from analyses.study import Cell, Study, StudyContext
+from analyses.study import Cell, Scales, Study, StudyContext
 from interp.attention import classify_heads
 from interp.patching import activation_patch, logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
@@ -35,40 +37,60 @@ from tasks import TemplatesConfig, logits_at_labels, seeded_generator
 VARIANTS = {"plain": False, "augmented": True}
 ERROR_TARGET = 0.05  # copy-vs-width: "learned" means test error below this (the paper's criterion)
 
-# per scale: training alphabet sizes (ns: efficiency; width_ns: copy-width, coarser at cpu scale because
-# its widest cells cost ~4x more), seeds, widths, steps, batch size, eval samples; device and precision
-# where not TrainConfig's defaults (auto, fp32)
-SCALES: dict[str, dict[str, Any]] = {
-    "tiny": {"ns": [4, 8], "width_ns": [4, 8], "seeds": [0], "widths": [16], "d_model": 16, "steps": 10, "batch": 16,
-             "eval": 32, "n_test": 32, "heads_n": 8},
-    "cpu": {"ns": [4, 8, 16, 32, 64, 128, 256, 512, 1024], "width_ns": [4, 16, 64, 256, 1024], "seeds": [0, 1, 2],
-            "widths": [32, 64, 128], "d_model": 64, "steps": 600, "batch": 256, "eval": 1000, "n_test": 512,
-            "heads_n": 256},
+@dataclass(frozen=True)
+class TemplatesScale:
+    """What one scale of the templates studies trains. `ns`: training alphabet sizes of
+    templates-efficiency; `width_ns` and `widths`: those of templates-copy-width, per model
+    width; `d_model`: the width elsewhere; `heads_n`: the alphabet of templates-heads; `n_test`:
+    test symbols; `eval`: evaluation samples (and templates-heads' analysis samples); `device`
+    and `precision` where not TrainConfig's defaults."""
+
+    ns: tuple[int, ...]
+    width_ns: tuple[int, ...]
+    seeds: tuple[int, ...]
+    widths: tuple[int, ...]
+    d_model: int
+    steps: int
+    batch: int
+    eval: int
+    n_test: int
+    heads_n: int
+    device: str = "auto"
+    precision: str = "fp32"
+
+
+SCALES = Scales(
+    TemplatesScale,
+    tiny=TemplatesScale(ns=(4, 8), width_ns=(4, 8), seeds=(0,), widths=(16,), d_model=16, steps=10, batch=16, eval=32,
+                        n_test=32, heads_n=8),
+    # width_ns coarser than ns: the widest copy-width cells cost ~4x more
+    cpu=TemplatesScale(ns=(4, 8, 16, 32, 64, 128, 256, 512, 1024), width_ns=(4, 16, 64, 256, 1024), seeds=(0, 1, 2),
+                       widths=(32, 64, 128), d_model=64, steps=600, batch=256, eval=1000, n_test=512, heads_n=256),
     # one GPU (CUDA, bf16): the paper's alphabets, narrower models and a quarter of its steps. By FLOP
     # count, an estimate: at most 0.16 TFLOP per step (copy, d 512, n 4096), 0.8 PFLOP a model, seconds
     # of an H100; 5,000 steps of so small a model are bound by kernel launches, a minute or two
-    "gpu": {"ns": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096], "width_ns": [16, 64, 256, 1024, 4096],
-            "seeds": [0, 1, 2], "widths": [64, 128, 256, 512], "d_model": 256, "steps": 5000, "batch": 512,
-            "eval": 5000, "n_test": 2048, "heads_n": 1024, "device": "cuda", "precision": "bf16"},
-    "paper": {"ns": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
-              "width_ns": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096], "seeds": [0, 1, 2, 3, 4],
-              "widths": [64, 128, 256, 512, 1024, 4096], "d_model": 512, "steps": 20_000, "batch": 512, "eval": 5000,
-              "n_test": 4096, "heads_n": 1024},
-}
+    gpu=TemplatesScale(ns=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096), width_ns=(16, 64, 256, 1024, 4096),
+                       seeds=(0, 1, 2), widths=(64, 128, 256, 512), d_model=256, steps=5000, batch=512, eval=5000,
+                       n_test=2048, heads_n=1024, device="cuda", precision="bf16"),
+    paper=TemplatesScale(ns=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+                         width_ns=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096), seeds=(0, 1, 2, 3, 4),
+                         widths=(64, 128, 256, 512, 1024, 4096), d_model=512, steps=20_000, batch=512, eval=5000,
+                         n_test=4096, heads_n=1024),
+)
 
 
 def cell_config(scale: str, template: str, n: int, augmented: bool, seed: int = 0, d_model: int | None = None,
                 n_vars: int = 2) -> RunConfig:
     """One training run: a 2-layer, 4-head model on `template` with n training symbols."""
     s = SCALES[scale]
-    d = d_model or s["d_model"]
+    d = d_model or s.d_model
     return RunConfig(
         task=TemplatesConfig(template=template, n_train_symbols=n, n_val_symbols=max(16, 2 * n_vars),
-                             n_test_symbols=s["n_test"], n_vars=n_vars),
+                             n_test_symbols=s.n_test, n_vars=n_vars),
         model=ModelConfig(n_layers=2, d_model=d, n_heads=4, identity_attention=augmented, fixed_embeddings=True),
-        train=TrainConfig(steps=s["steps"], batch_size=s["batch"], lr=3e-3, warmup_steps=min(50, s["steps"] // 5),
-                          eval_every=max(1, s["steps"] // 4), eval_size=s["eval"], checkpoint_every=s["steps"],
-                          seed=seed, device=s.get("device", "auto"), precision=s.get("precision", "fp32")),
+        train=TrainConfig(steps=s.steps, batch_size=s.batch, lr=3e-3, warmup_steps=min(50, s.steps // 5),
+                          eval_every=max(1, s.steps // 4), eval_size=s.eval, checkpoint_every=s.steps,
+                          seed=seed, device=s.device, precision=s.precision),
     )
 
 
@@ -90,28 +112,28 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 def run_efficiency(ctx: StudyContext) -> dict[str, Any]:
     s, started = SCALES[ctx.scale], time.perf_counter()
-    s = {**s, "seeds": ctx.seeds_or(s["seeds"])}
+    seeds = ctx.seeds_or(s.seeds)
     template = "same_different"
     cells = {Cell(v, seed, (f"n{n}",)): cell_config(ctx.scale, template, n, aug, seed)
-             for seed in s["seeds"] for v, aug in VARIANTS.items() for n in s["ns"]}
+             for seed in seeds for v, aug in VARIANTS.items() for n in s.ns}
     results = ctx.run_cells(cells)
 
     def final(v: str, n: int, seed: int) -> dict[str, Any]:
         return _final(results, Cell(v, seed, (f"n{n}",)).name)
 
-    curves = {v: {n: {k: _mean_std([float(final(v, n, seed).get(k, math.nan)) for seed in s["seeds"] if final(v, n, seed)])
+    curves = {v: {n: {k: _mean_std([float(final(v, n, seed).get(k, math.nan)) for seed in seeds if final(v, n, seed)])
                       for k in ("eval_loss", "error")}
-                  for n in s["ns"]} for v in VARIANTS}
+                  for n in s.ns} for v in VARIANTS}
     factors = data_factors({v: {n: c[n]["eval_loss"][0] for n in c} for v, c in curves.items()})
     headline = {"template": template, "factor_at_plain_best": factors[-1]["factor"] if factors else None,
-                "plain_loss_at_max_n": curves["plain"][s["ns"][-1]]["eval_loss"][0],
-                "augmented_loss_at_max_n": curves["augmented"][s["ns"][-1]]["eval_loss"][0]}
-    out = {"headline": headline, "curves": _jsonable(curves), "factors": factors, "seeds": s["seeds"],
+                "plain_loss_at_max_n": curves["plain"][s.ns[-1]]["eval_loss"][0],
+                "augmented_loss_at_max_n": curves["augmented"][s.ns[-1]]["eval_loss"][0]}
+    out = {"headline": headline, "curves": _jsonable(curves), "factors": factors, "seeds": seeds,
            "cells": {k: r.to_dict() for k, r in results.items()}, "seconds": round(time.perf_counter() - started, 1)}
     sections = [
         ("Test loss on unseen symbols vs training alphabet size",
-         figure_html(_curve_figure(curves, s["ns"]), "mean +- std over seeds; test symbols never seen in training")
-         + table_html(_curve_rows(curves, s["ns"]), ["n", "variant", "test loss", "test error"])),
+         figure_html(_curve_figure(curves, s.ns), "mean +- std over seeds; test symbols never seen in training")
+         + table_html(_curve_rows(curves, s.ns), ["n", "variant", "test loss", "test error"])),
         ("Training symbols needed for a given test loss",
          table_html([[f"{f['loss']:.4f}", f["n_plain"], f["n_augmented"], f["factor"]] for f in factors],
                     ["test loss <=", "n plain", "n augmented", "factor plain / augmented"])),
@@ -133,7 +155,7 @@ def data_factors(losses: dict[str, dict[int, float]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _curve_figure(curves: dict, ns: list[int]) -> plt.Figure:
+def _curve_figure(curves: dict, ns: Sequence[int]) -> plt.Figure:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for ax, key in zip(axes, ("eval_loss", "error")):
         for variant, curve in curves.items():
@@ -147,7 +169,7 @@ def _curve_figure(curves: dict, ns: list[int]) -> plt.Figure:
     return fig
 
 
-def _curve_rows(curves: dict, ns: list[int]) -> list[list[Any]]:
+def _curve_rows(curves: dict, ns: Sequence[int]) -> list[list[Any]]:
     return [[n, v, "{:.4f} +- {:.4f}".format(*curves[v][n]["eval_loss"]), "{:.3f} +- {:.3f}".format(*curves[v][n]["error"])]
             for n in ns for v in curves]
 
@@ -163,23 +185,23 @@ def _jsonable(curves: dict) -> dict:
 def run_copy_width(ctx: StudyContext) -> dict[str, Any]:
     s, started = SCALES[ctx.scale], time.perf_counter()
     cells = {Cell(v, None, (f"d{d}", f"n{n}")): cell_config(ctx.scale, "copy", n, aug, 0, d_model=d, n_vars=1)
-             for v, aug in VARIANTS.items() for d in s["widths"] for n in s["width_ns"]}
+             for v, aug in VARIANTS.items() for d in s.widths for n in s.width_ns}
     results = ctx.run_cells(cells)
     errors = {v: {d: {n: float(_final(results, Cell(v, None, (f"d{d}", f"n{n}")).name).get("error", math.nan))
-                      for n in s["width_ns"]}
-                  for d in s["widths"]} for v in VARIANTS}
-    needed = {v: {d: min((n for n in s["width_ns"] if errors[v][d][n] < ERROR_TARGET), default=None) for d in s["widths"]}
+                      for n in s.width_ns}
+                  for d in s.widths} for v in VARIANTS}
+    needed = {v: {d: min((n for n in s.width_ns if errors[v][d][n] < ERROR_TARGET), default=None) for d in s.widths}
               for v in VARIANTS}
     out = {"headline": {"n_needed": {v: {str(d): n for d, n in row.items()} for v, row in needed.items()},
                         "error_target": ERROR_TARGET},
            "errors": {v: {str(d): {str(n): e for n, e in row.items()} for d, row in t.items()} for v, t in errors.items()},
            "cells": {k: r.to_dict() for k, r in results.items()}, "seconds": round(time.perf_counter() - started, 1)}
-    rows = [[v, d, *[f"{errors[v][d][n]:.3f}" for n in s["width_ns"]]] for v in VARIANTS for d in s["widths"]]
+    rows = [[v, d, *[f"{errors[v][d][n]:.3f}" for n in s.width_ns]] for v in VARIANTS for d in s.widths]
     sections = [
         (f"Training symbols needed for test error < {ERROR_TARGET} (copy, unseen symbols)",
-         table_html([[d, needed["plain"][d], needed["augmented"][d]] for d in s["widths"]],
+         table_html([[d, needed["plain"][d], needed["augmented"][d]] for d in s.widths],
                     ["d_model", "n plain", "n augmented"])),
-        ("Test error per width and n", table_html(rows, ["variant", "d_model", *[f"n={n}" for n in s["width_ns"]]])),
+        ("Test error per width and n", table_html(rows, ["variant", "d_model", *[f"n={n}" for n in s.width_ns]])),
     ]
     return ctx.finish(f"templates-copy-width ({ctx.scale})", sections, out)
 
@@ -191,7 +213,7 @@ def run_copy_width(ctx: StudyContext) -> dict[str, Any]:
 def run_heads(ctx: StudyContext) -> dict[str, Any]:
     s, started = SCALES[ctx.scale], time.perf_counter()
     setups = {"same_different": "label", "binding": "query"}  # template -> the corruption to patch with
-    cells = {Cell(v, None, (t,)): cell_config(ctx.scale, t, s["heads_n"], aug) for t in setups for v, aug in VARIANTS.items()}
+    cells = {Cell(v, None, (t,)): cell_config(ctx.scale, t, s.heads_n, aug) for t in setups for v, aug in VARIANTS.items()}
     results = ctx.run_cells(cells)
     analyses: dict[str, Any] = {}
     sections = []
@@ -200,7 +222,7 @@ def run_heads(ctx: StudyContext) -> dict[str, Any]:
         if results[name].status != "done":
             analyses[name] = {"status": results[name].status}
             continue
-        analyses[name] = analyse_heads(ctx.out / "runs" / name, setups[template], s["eval"])
+        analyses[name] = analyse_heads(ctx.out / "runs" / name, setups[template], s.eval)
         sections.append((name, _heads_html(analyses[name])))
     headline = {name: {k: a.get(k) for k in ("acc", "acc_without_a", "acc_without_b", "max_association")}
                 for name, a in analyses.items()}

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from analyses.studies.composite import aggregate_phase, phase_grid
+from analyses.studies.composite import SCALES, aggregate_phase
 from analyses.study import run_study
 from tests.helpers import held_out_rates_by_hand
 
@@ -12,7 +12,7 @@ from tests.helpers import held_out_rates_by_hand
 def test_phase_study_writes_the_diagram_and_a_verdict_per_cell(tmp_path):
     results = run_study("composite-phase", tmp_path, "tiny", progress=False)
     table = results["table"]
-    grid = phase_grid("tiny")
+    grid = SCALES["tiny"].phase_grid
     assert set(table) == {f"{g},{d}" for g in grid["model.init_gamma"] for d in grid["model.n_layers"]}
     for cell in table.values():
         assert cell["verdict"] in ("inferential", "symmetric", "mixed", "unlearned")
@@ -48,7 +48,7 @@ def _check_held_out_rates_by_hand(runs, cells):
     from models.runs import load_run
 
     for name, measured in cells.items():
-        inferential, symmetric = held_out_rates_by_hand(load_run(runs / name), n=200)  # EVAL_SAMPLES["tiny"]
+        inferential, symmetric = held_out_rates_by_hand(load_run(runs / name), n=200)  # SCALES["tiny"].eval_samples
         assert measured["held_out_inferential"] == pytest.approx(inferential, abs=1e-4)
         assert measured["held_out_symmetric"] == pytest.approx(symmetric, abs=1e-4)
 

@@ -91,7 +91,7 @@ def test_lego_gpu_models_are_plain_on_the_papers_task_with_two_seeds_and_depths_
                           for seed in (0, 1)}
     assert all(cfg.model.planted == {} and cfg.task.n_vars == 12 for cfg in cells.values())
     for kind in LEGO_KINDS:
-        for layers in lego.depths("gpu"):
+        for layers in lego.SCALES["gpu"].depths:
             cfg = lego.variant("gpu", kind, seed=1, layers=layers)
             assert (cfg.task.n_vars, cfg.task.n_supervised, cfg.model.n_layers) == (12, 6, layers)
             planted = {"*.0": "association", "*.1": "manipulation", "*.2": "broadcast"}
@@ -103,7 +103,7 @@ def test_lego_gpu_models_are_plain_on_the_papers_task_with_two_seeds_and_depths_
 
 
 def test_composite_gpu_cells_use_the_papers_width_gammas_and_post_ln():
-    cells = grid_cells(composite.base_config("gpu"), composite.phase_grid("gpu"))
+    cells = grid_cells(composite.base_config("gpu"), composite.SCALES["gpu"].phase_grid)
     assert {(c.model.init_gamma, c.model.n_layers) for c in cells.values()} == {
         (g, d) for g in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8) for d in (2, 3, 4, 5)}
     for cfg in cells.values():
@@ -111,13 +111,13 @@ def test_composite_gpu_cells_use_the_papers_width_gammas_and_post_ln():
         assert cfg.model.norm_position == "post" and cfg.train.batch_size == 2048 and cfg.train.n_train is None
         assert cfg.train.plateau_evals == 5 and cfg.train.steps == 6000
     assert {c.model.init_gamma for c in composite.contrast_cells("gpu").values()} == {0.5, 0.8}
-    assert composite.EVAL_SAMPLES["gpu"] == 5000
+    assert composite.SCALES["gpu"].eval_samples == 5000
 
 
 def test_templates_gpu_scale_lies_between_cpu_and_paper():
     gpu, cpu, paper = (templates.SCALES[s] for s in ("gpu", "cpu", "paper"))
-    assert cpu["steps"] < gpu["steps"] < paper["steps"] and cpu["d_model"] < gpu["d_model"] < paper["d_model"]
-    assert max(cpu["ns"]) < max(gpu["ns"]) == max(paper["ns"])
+    assert cpu.steps < gpu.steps < paper.steps and cpu.d_model < gpu.d_model < paper.d_model
+    assert max(cpu.ns) < max(gpu.ns) == max(paper.ns)
     cfg = templates.cell_config("gpu", "same_different", 4096, augmented=True)
     assert cfg.task.n_train_symbols == 4096 and cfg.model.identity_attention and cfg.model.d_model == 256
     cpu_cfg = templates.cell_config("cpu", "same_different", 256, augmented=True)

@@ -36,7 +36,7 @@ import analyses.sweep
 import interp.analysis
 import models.curriculum
 import models.runs
-import models.train
+import models.safe_files
 from analyses.cli import main
 from analyses.studies.lego import TINY_CURRICULUM
 from analyses.zoo import ZOO_DIR
@@ -328,7 +328,7 @@ def read_only(folder: Path, monkeypatch):
                        *([None, os.fspath(paths[1])] if len(paths) > 1 else []))
 
     real_open, real_unlink, real_replace, real_rename, real_mkdir = os.open, os.unlink, os.replace, os.rename, os.mkdir
-    real_save = models.runs.save_file
+    real_save = models.safe_files.save_file
     writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
     def open_(path, flags, *args, **kwargs):
@@ -365,11 +365,11 @@ def read_only(folder: Path, monkeypatch):
         m.setattr(os, "replace", move(real_replace))
         m.setattr(os, "rename", move(real_rename))
         m.setattr(os, "mkdir", mkdir)
-        m.setattr(models.runs, "save_file", save_file)
+        m.setattr(models.safe_files, "save_file", save_file)
         yield
 
 
-WRITERS = (models.runs, models.train, interp.analysis, analyses.sweep)
+WRITERS = (models.runs, interp.analysis, analyses.sweep)  # the trainer writes through models.runs
 
 
 def fail_writes(monkeypatch, function: str, target: Path, code: int) -> None:
@@ -390,15 +390,15 @@ def fail_writes(monkeypatch, function: str, target: Path, code: int) -> None:
 
 def fail_safetensors(monkeypatch, target: Path, code: int) -> None:
     """safetensors' own save_file fails (as on a full disk, or a read-only folder) writing `target`."""
-    real = models.runs.save_file
+    real = models.safe_files.save_file
 
     def save_file(tensors, filename, *args, **kwargs):
-        name = Path(filename).name  # the temporary sibling models.runs writes through: .NAME.PID.HEX.tmp
+        name = Path(filename).name  # the temporary sibling models.safe_files writes through: .NAME.PID.HEX.tmp
         if name.startswith(f".{target.name}.") and name.endswith(".tmp") and Path(filename).parent == target.parent:
             raise _safetensors_error(target.parent, code)
         return real(tensors, filename, *args, **kwargs)
 
-    monkeypatch.setattr(models.runs, "save_file", save_file)
+    monkeypatch.setattr(models.safe_files, "save_file", save_file)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -137,14 +137,14 @@ def test_a_kill_between_the_two_checkpoint_files_resumes_to_the_uninterrupted_we
             sys.path.insert(0, {str(REPO)!r})
             import torch
             torch.set_num_threads(1)
-            import models.train
+            import models.runs
             from analyses.cli import main
-            original = models.train.save_tensors
+            original = models.runs.save_tensors
             def dying_save(path, tensors, meta=None):
                 if path.name == {WEIGHTS!r} and meta and meta["step"] == {kill_at!r}:
                     os._exit(9)  # after the train state of this step, before its weights
                 return original(path, tensors, meta)
-            models.train.save_tensors = dying_save
+            models.runs.save_tensors = dying_save
             sys.exit(main(["train", "--preset", "composite-cpu", "--out", {str(out)!r}, *{SHORT!r}]))
         """)
         return subprocess.run([sys.executable, "-c", script], timeout=300).returncode
@@ -334,8 +334,8 @@ def test_a_writer_whose_folder_another_writers_check_made_or_removed_still_gets_
     """The race the twenty-round test once hit: writer A's --out check makes the folder and removes
     it again. Writer B must then neither be refused as 'cannot be created' (the folder exists
     because A made it) nor crash opening its lock in a folder A just removed."""
-    from analyses import cli
-    from models import runs
+    from models import safe_files
+    from models.runs import RunFolder
 
     out = tmp_path / "race"
     real_mkdir = Path.mkdir
@@ -345,11 +345,11 @@ def test_a_writer_whose_folder_another_writers_check_made_or_removed_still_gets_
         return real_mkdir(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "mkdir", made_by_another_writer_first)
-    cli._check_creatable(out)  # no ConfigError: the folder exists, and the lock will decide
+    RunFolder(out).check_creatable()  # no ConfigError: the folder exists, and the lock will decide
     monkeypatch.undo()
     out.rmdir()  # ... and the other writer's check removes it again before this writer locks
-    fd = runs._acquire(out / runs.LOCK)
+    fd = safe_files._acquire(out / safe_files.LOCK)
     try:
-        assert (out / runs.LOCK).read_text() == str(os.getpid())
+        assert (out / safe_files.LOCK).read_text() == str(os.getpid())
     finally:
         os.close(fd)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.runs import load_run, read_metrics
+from models.runs import RunFolder, load_run, read_metrics
 from models.train import Trainer, TrainingDiverged, learning_rate
 from tests.helpers import kill_then_resume, tiny_composite_run, tiny_lego_run
 
@@ -58,7 +58,7 @@ def test_loaded_run_reproduces_its_recorded_accuracy(tmp_path):
     fresh = dict(build_model(run.config.model, run.task, seed=run.config.train.seed).named_parameters())
     assert not all(torch.equal(fresh[k], loaded[k]) for k in fresh)  # the trained weights, not the init
     trainer = Trainer(run.config, tmp_path / "other", progress=False)
-    trainer.model, trainer.run_dir = run.model, tmp_path / "run"
+    trainer.model, trainer.folder = run.model, RunFolder(tmp_path / "run")
     assert trainer._evaluate()["acc_seen"] == run.metrics[-1]["acc_seen"]
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import models.train
+import models.runs
 from analyses.cli import main
 from analyses.studies.lego import TINY_CURRICULUM
 from models.curriculum import train_curriculum
@@ -42,14 +42,14 @@ class Killed(BaseException):
 
 def die_before_the_last_weights(monkeypatch, step: int) -> None:
     """The process dies after writing the train state of `step` and before its weights file."""
-    original = models.train.save_tensors
+    original = models.runs.save_tensors
 
     def dying_save(path, tensors, meta=None):
         if path.name == WEIGHTS and meta and meta.get("step") == str(step):
             raise Killed
         return original(path, tensors, meta)
 
-    monkeypatch.setattr(models.train, "save_tensors", dying_save)
+    monkeypatch.setattr(models.runs, "save_tensors", dying_save)
 
 
 def same_weights(a: Path, b: Path) -> bool:

@@ -32,3 +32,51 @@ def test_finish_writes_the_report_and_results_with_the_command_that_remakes_them
     assert "Section &lt;b&gt;" in page and "<p>body</p>" in page
     here = StudyContext(out=default_out("lego-heads", "cpu"), study="lego-heads")
     assert here.command() == "workbench study lego-heads --scale cpu"
+
+
+def test_every_study_module_declares_every_scale_once_with_its_own_parameter_type():
+    """One declaration style for the scales: each study module's SCALES names the same scales, in
+    order, and each scale's parameters are an instance of the module's frozen dataclass."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import analyses.studies as package
+    from analyses.study import SCALES, Scales
+
+    modules = [importlib.import_module(f"analyses.studies.{m.name}") for m in pkgutil.iter_modules(package.__path__)]
+    with_studies = {m.__name__.rsplit(".", 1)[-1]: m for m in modules if getattr(m, "STUDIES", None)}
+    assert set(with_studies) == {"composite", "lego", "templates"}
+    for name, module in with_studies.items():
+        declared = module.SCALES
+        assert isinstance(declared, Scales), name
+        assert declared.names() == SCALES, name
+        assert dataclasses.is_dataclass(declared.params) and declared.params.__dataclass_params__.frozen, name
+        for scale in SCALES:
+            assert type(declared[scale]) is declared.params, (name, scale)
+
+
+def test_a_scale_table_must_name_every_scale_with_one_frozen_type():
+    from dataclasses import dataclass
+
+    from analyses.study import Scales
+    from tasks import ConfigError
+
+    @dataclass(frozen=True)
+    class Steps:
+        steps: int
+
+    @dataclass
+    class Loose:
+        steps: int
+
+    table = Scales(Steps, tiny=Steps(1), cpu=Steps(2), gpu=Steps(3), paper=Steps(4))
+    assert table["gpu"].steps == 3
+    with pytest.raises(ConfigError, match="scale 'huge' is unknown"):
+        table["huge"]
+    with pytest.raises(ValueError, match="declare \\('tiny', 'cpu', 'gpu', 'paper'\\)"):
+        Scales(Steps, tiny=Steps(1), cpu=Steps(2), gpu=Steps(3))
+    with pytest.raises(TypeError, match="are not Steps"):
+        Scales(Steps, tiny=Steps(1), cpu=Steps(2), gpu=Steps(3), paper=Loose(4))
+    with pytest.raises(TypeError, match="frozen dataclass"):
+        Scales(Loose, tiny=Loose(1), cpu=Loose(2), gpu=Loose(3), paper=Loose(4))
