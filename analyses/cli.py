@@ -118,6 +118,8 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="train the lego-cpu model and write its report (the quick start)")
     demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="run folder (default: runs/demo)")
+    demo.add_argument("--no-learned", action="store_true",
+                      help="do not analyze the zoo's learned three-hop model into OUT-learned beside the demo")
     _add_run_options(demo)
     demo.set_defaults(run=_cmd_demo)
 
@@ -344,8 +346,51 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         status = _train(cfg, args.out, resume=False, progress=not args.no_progress)
     if status == 0:
         _cmd_report(argparse.Namespace(run_dir=args.out))
-        print(f"demo finished in {time.perf_counter() - started:.0f} s; open {args.out / 'report.html'} in a browser")
+        learned = None if args.no_learned else _demo_learned(args.out)
+        print(f"demo finished in {time.perf_counter() - started:.0f} s; open {args.out / 'report.html'} in a browser"
+              + (f" (and {learned / 'report.html'}, a circuit that was learned, not planted)" if learned else ""))
     return status
+
+
+DEMO_LEARNED = "lego-three-hops"  # the zoo model whose analysis the demo's report links to
+
+
+def _demo_learned(out: Path) -> Path | None:
+    """Beside the demo run (whose association heads are planted), analyze a copy of the zoo's
+    learned three-hop LEGO model in OUT-learned (seconds), and link the two reports."""
+    import shutil
+
+    from analyses.zoo import zoo_path
+    from models.runs import CONFIG
+
+    source, learned = zoo_path(DEMO_LEARNED), out.with_name(f"{out.name}-learned")
+    if learned.exists() and (not (learned / CONFIG).is_file()
+                             or (learned / CONFIG).read_bytes() != (source / CONFIG).read_bytes()):
+        print(f"warning: {learned} holds something other than a copy of zoo/{DEMO_LEARNED}; the learned model's "
+              "report is not written", file=sys.stderr)
+        return None
+    if not learned.exists():
+        shutil.copytree(source, learned)
+    _cmd_analyze(argparse.Namespace(run_dir=learned, samples=512, seed=0, device="cpu"))
+    _link_reports(out, learned)
+    return learned
+
+
+def _link_reports(planted: Path, learned: Path) -> None:
+    """Rewrite both reports with a paragraph after the summary that points at the other."""
+    from interp.run_report import build_run_report
+    from models.runs import REPORT, load_run, run_lock
+
+    notes = {planted: (learned, "This model's association heads are planted. For heads that were learned, with nothing "
+                                "planted or mimicked, see"),
+             learned: (planted, f"A copy of zoo/{DEMO_LEARNED}: a plain model taught three association hops by the "
+                                "lego-three-hops curriculum. For the demo's model, whose association heads are planted, see")}
+    for run_dir, (other, words) in notes.items():
+        with run_lock(run_dir):
+            report = build_run_report(load_run(run_dir))
+            report.sections.insert(1, ("See also", f'<p>{words} <a href="../{other.name}/report.html">'
+                                                   f"{other.name}/report.html</a>.</p>"))
+            report.write(run_dir / REPORT)
 
 
 def _check_demo_folder(out: Path) -> None:

@@ -118,6 +118,10 @@ def test_demo_replaces_only_a_demo_run(tmp_path, capsys):
     demo = tmp_path / "demo"
     assert main(["demo", "--out", str(demo), *TINY]) == 0
     first = (demo / "model.safetensors").read_bytes()
-    assert main(["demo", "--out", str(demo), *TINY, "--set", "train.seed=1"]) == 0  # its own run: replaced
+    learned = tmp_path / "demo-learned"  # the zoo's learned three-hop model, analyzed beside it, the reports linked
+    assert json.loads((learned / "analysis.json").read_text())["task"] == "lego"
+    assert '<a href="../demo-learned/report.html">' in (demo / "report.html").read_text()
+    assert '<a href="../demo/report.html">' in (learned / "report.html").read_text()
+    assert main(["demo", "--out", str(demo), *TINY, "--set", "train.seed=1", "--no-learned"]) == 0  # its own run: replaced
     assert (demo / "model.safetensors").read_bytes() != first
     assert json.loads((demo / "config.json").read_text())["train"]["seed"] == 1
