@@ -7,8 +7,9 @@ corrupted, normalised so 1 = the whole clean-corrupted difference) for a change 
 variable #v only through hops: flip the group element at chain depth d (1 <= d < v) and read #v,
 over every such pair of supervised variables; the share is the largest. A head that carries
 >= CARRIES of a hop should get a hop label (association, parent or manipulation); a head with a hop
-label should not carry < IDLE of every hop. The labels are compared before (every query averaged,
-the kinds before parent existed) and after (`classify_heads` as it is: scored by role).
+label should not carry < IDLE of every hop. The labels are compared before (the classifier of
+14852a7: every query averaged, its five kinds and thresholds, the best-scoring kind if it passes)
+and after (`classify_heads` as it is: scored by role, with parent).
 
 Prints one line per head that matters and, per run and over all runs, recall (heads carrying
 >= CARRIES that got a hop label) and the idle labelled heads (hop label, carrying < IDLE).
@@ -22,13 +23,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from interp.attention import HOP_KINDS, classify_heads, label_heads
+from interp.attention import HEAD_KINDS, HOP_KINDS, classify_heads
 from interp.patching import logit_diff_metric, patch_head_out
 from models.runs import load_run
 from tasks import seeded_generator
 
 CARRIES, IDLE = 0.3, 0.05
-OLD_KINDS = ("association", "manipulation", "broadcast", "previous", "self")  # the classifier before parent and roles
+# the classifier before roles and parent (14852a7): its kinds and calibrated thresholds
+OLD_THRESHOLDS = {"association": 0.24, "manipulation": 0.39, "broadcast": 0.5, "previous": 0.5, "self": 0.5}
 
 
 def hop_shares(run, n_pairs: int = 64, seed: int = 1) -> Tensor:
@@ -70,12 +72,22 @@ def agreement(shares: Tensor, labels: list[list[str]]) -> Agreement:
                      int(hop.sum()), int(((shares < IDLE) & hop).sum()))
 
 
+def old_labels(scores: Tensor) -> list[list[str]]:
+    """The labels of 14852a7's classifier from all-query scores: the best-scoring of its five
+    kinds if that reaches the kind's threshold, else mixed."""
+    kinds = list(OLD_THRESHOLDS)
+    old = scores[[HEAD_KINDS.index(kind) for kind in kinds]]
+    best = old.argmax(0)
+    return [[kinds[k] if old[k, layer, head] >= OLD_THRESHOLDS[kinds[k]] else "mixed"
+             for head, k in enumerate(row.tolist())] for layer, row in enumerate(best)]
+
+
 def check_run(run_dir: str, n_pairs: int) -> tuple[Agreement, Agreement]:
     run = load_run(run_dir)
     tokens = run.task.sample(256, seeded_generator(0), split="test").tokens
     after = classify_heads(run.model, run.task, tokens)
     plain = classify_heads(run.model, run.task, tokens, by_role=False)
-    before = label_heads(plain.scores, after.thresholds, OLD_KINDS)
+    before = old_labels(plain.scores)
     shares = hop_shares(run, n_pairs)
     print(f"== {run_dir} ({run.config.heads_origin}); heads carrying >= {CARRIES} or labelled for a hop:")
     for layer, row in enumerate(after.labels):

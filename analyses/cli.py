@@ -357,7 +357,8 @@ DEMO_LEARNED = "lego-three-hops"  # the zoo model whose analysis the demo's repo
 
 def _demo_learned(out: Path) -> Path | None:
     """Beside the demo run (whose association heads are planted), analyze a copy of the zoo's
-    learned three-hop LEGO model in OUT-learned (seconds), and link the two reports."""
+    learned three-hop LEGO model in OUT-learned (under a minute), and link the two reports. The
+    copy is made under a temporary name and renamed, so an interrupted copy is never taken for one."""
     import shutil
 
     from analyses.zoo import zoo_path
@@ -370,7 +371,10 @@ def _demo_learned(out: Path) -> Path | None:
               "report is not written", file=sys.stderr)
         return None
     if not learned.exists():
-        shutil.copytree(source, learned)
+        partial = learned.with_name(f".{learned.name}.copying")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source, partial)
+        partial.rename(learned)
     _cmd_analyze(argparse.Namespace(run_dir=learned, samples=512, seed=0, device="cpu"))
     _link_reports(out, learned)
     return learned

@@ -32,8 +32,8 @@ uniform attention (`interp.attention.relative_mass`), as the project's classifie
   induction  causal models only: the token after an earlier occurrence of the query's token
 A kind that no query of the prompts can show (no repeated token: no duplicate or induction
 query) is NaN and None in `to_dict`. Thresholds: previous, self and first reuse the project's
-calibrated ones (previous, self, broadcast); duplicate reuses association's; induction's 0.5 is
-not calibrated.
+calibrated ones (previous, self, broadcast); duplicate reuses association's (calibrated on LEGO's
+planted heads); induction's is calibrated on the hand-set induction head (`calibrate_induction`).
 
 Shape glossary: batch = prompt pairs, pos = token positions, layer, head_index, kind.
 """
@@ -70,9 +70,9 @@ OUTSIDE_KINDS = ("previous", "self", "first", "duplicate", "induction")
 OUTSIDE_THRESHOLDS = {"previous": DEFAULT_THRESHOLDS["previous"], "self": DEFAULT_THRESHOLDS["self"],
                       "first": DEFAULT_THRESHOLDS["broadcast"], "duplicate": DEFAULT_THRESHOLDS["association"],
                       "induction": 0.36}
-# induction: the midpoint between the highest score of a randomly initialised copy of
-# hand_set_induction_model's architecture (0.002, 3 seeds) and its hand-set induction head (0.72),
-# on 64 sequences of 4 random tokens repeated; analyses/RESULTS.md, "The classifier against patching"
+# induction: measured by `calibrate_induction()`, the midpoint between the highest score of a randomly
+# initialised copy of hand_set_induction_model's architecture (0.002, 3 seeds) and its hand-set
+# induction head (0.72); analyses/RESULTS.md, "The classifier against patching"
 
 Prompt = str | Sequence[int]
 Answer = str | int
@@ -476,7 +476,7 @@ class OutsideAnalysis:
         note = f" Not measurable on these prompts (no query can show it): {', '.join(unseen)}." if unseen else ""
         report.add("Head scores", f"<p>Attention mass on each kind's targets relative to uniform attention (0 = "
                    f"uniform, 1 = all of it), on the clean and corrupted prompts.{html.escape(note)} Thresholds: "
-                   f"{html.escape(json.dumps(heads['thresholds']))} (induction's is not calibrated).</p>"
+                   f"{html.escape(json.dumps(heads['thresholds']))} (induction's calibrated on a hand-set induction head).</p>"
                    + figure_html(self.head_score_figure(), "Score per kind; * marks each head's label.")
                    + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])],
                                 ["layer", *[f"H{h}" for h in range(n_heads)]]))
@@ -639,6 +639,24 @@ def hand_set_induction_model(score: float = 8.0, unembed_scale: float = 4.0) -> 
         attn1.W_O[1, :n_vocab, junk] = eye_tok
         model.unembed.W_U[out, :] = unembed_scale * eye_tok
     return model
+
+
+def calibrate_induction(seeds: range = range(3)) -> dict[str, float]:
+    """Induction scores on 64 sequences of four random tokens (1-9) repeated: the hand-set
+    induction head (L1H0 of `hand_set_induction_model`), the highest of any head of randomly
+    initialised copies of its architecture, and their midpoint, OUTSIDE_THRESHOLDS' induction."""
+    model = hand_set_induction_model()
+    half = torch.randint(1, 10, (64, 4), generator=torch.Generator().manual_seed(0))
+    tokens = torch.cat([half, half], dim=1)
+    induction = lambda m: outside_head_scores(attention_patterns(m, tokens), tokens, causal=True).score("induction")  # noqa: E731
+    random_max = -1.0
+    for seed in seeds:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            random = HookedTransformer(HookedTransformerConfig(**{**model.cfg.to_dict(), "seed": seed}))
+        random_max = max(random_max, induction(random).max().item())
+    planted = induction(model)[1, 0].item()
+    return {"random_max": round(random_max, 4), "hand_set": round(planted, 4), "threshold": round((random_max + planted) / 2, 2)}
 
 
 def induction_prompt_pairs(n: int = 16, seed: int = 0) -> PromptPairs:

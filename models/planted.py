@@ -53,6 +53,8 @@ def planted_pattern(kind: str, tokens: Int[Tensor, "batch pos"], task: Task) -> 
         pattern = manipulation_pattern(task.segment_ids(tokens))
     elif kind == "broadcast":
         pattern = broadcast_pattern(tokens, task.bos_token)
+    elif kind not in PLANTED_KINDS:
+        raise ValueError(f"no planted pattern for {kind!r}; use one of {PLANTED_KINDS}")
     else:
         offset = -1 if kind == "previous" else 0
         n_pos = tokens.shape[1]

@@ -284,3 +284,11 @@ def test_the_notebook_is_among_those_the_notebook_suite_runs():
     from tests.integration.test_notebooks import NOTEBOOKS
 
     assert ROOT / "analyses" / "notebooks" / "04_your_model.py" in NOTEBOOKS
+
+
+def test_the_induction_threshold_is_the_measured_midpoint_between_random_heads_and_a_hand_set_one():
+    from interp.outside import OUTSIDE_THRESHOLDS, calibrate_induction
+
+    measured = calibrate_induction()
+    assert measured["random_max"] < OUTSIDE_THRESHOLDS["induction"] < measured["hand_set"]
+    assert measured["threshold"] == OUTSIDE_THRESHOLDS["induction"]

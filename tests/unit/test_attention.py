@@ -1,11 +1,23 @@
 import pytest
 import torch
 
-from interp.attention import DEFAULT_THRESHOLDS, HEAD_KINDS, calibrate_thresholds, classify_heads
+from interp.attention import (
+    DEFAULT_THRESHOLDS,
+    HEAD_KINDS,
+    MIN_ROLE_QUERIES,
+    best_role_mass,
+    calibrate_thresholds,
+    classify_heads,
+    label_heads,
+    parent_targets,
+    segment_roles,
+)
 from models.config import ModelConfig
 from models.factory import build_model
-from models.planted import planted_pattern
+from models.planted import PLANTED_KINDS, planted_pattern
 from tasks import CompositeConfig, CompositeTask, ConfigError, LegoConfig, LegoTask, seeded_generator
+from tasks.modsum import ModsumConfig, ModsumTask
+from tasks.templates import TemplatesConfig, TemplatesTask
 
 LEGO = LegoTask(LegoConfig(n_vars=6, n_supervised=3))
 LEGO_S3 = LegoTask(LegoConfig(n_vars=8, group="s3", n_supervised=3))
@@ -26,12 +38,69 @@ def test_every_planted_head_gets_its_label(task, layout, seed):
             assert labels[layer][head] == kind, (layer, head, kind)
 
 
-@pytest.mark.parametrize("task", [LEGO, LEGO_S3, CompositeTask(CompositeConfig())], ids=["z2", "s3", "composite"])
+COMPOSITE = CompositeTask(CompositeConfig())
+SHORT_TASKS = [ModsumTask(ModsumConfig(p=7)), ModsumTask(ModsumConfig(p=23)), TemplatesTask(TemplatesConfig())]
+
+
+@pytest.mark.parametrize("task", [LEGO, LEGO_S3, COMPOSITE], ids=["z2", "s3", "composite"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_heads_are_never_association_or_manipulation(task, seed):
+def test_random_heads_are_never_given_a_hop_kind(task, seed):
     model = build_model(ModelConfig(n_layers=4, d_model=64, n_heads=4), task, seed=seed)
     scores = classify_heads(model, task, task.sample(64, seeded_generator(seed), split="test").tokens)
-    assert not scores.heads_labelled("association") and not scores.heads_labelled("manipulation")
+    assert not any(scores.heads_labelled(kind) for kind in ("association", "parent", "manipulation"))
+
+
+@pytest.mark.parametrize("task", SHORT_TASKS, ids=["modsum7", "modsum23", "templates"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_where_segments_are_no_repeated_clauses_roles_change_nothing(task, seed):
+    """modsum's one segment is the whole sum, templates' are single tokens: scored by offset, a
+    role would be one position, so they are scored over all queries, as without roles."""
+    model = build_model(ModelConfig(n_layers=4, d_model=64, n_heads=4), task, seed=seed)
+    tokens = task.sample(64, seeded_generator(seed), split="test").tokens
+    by_role, plain = (classify_heads(model, task, tokens, by_role=flag) for flag in (True, False))
+    assert torch.equal(by_role.scores, plain.scores) and by_role.labels == plain.labels
+    assert not by_role.heads_labelled("parent")
+
+
+@pytest.mark.parametrize("task", SHORT_TASKS[:2], ids=["modsum7", "modsum23"])
+def test_a_planted_previous_token_head_is_labelled_previous_on_a_one_segment_task(task):
+    model = build_model(ModelConfig(n_layers=2, d_model=32, n_heads=4, planted={"1.0": "previous"}), task)
+    labels = classify_heads(model, task, task.sample(64, seeded_generator(0), split="test").tokens).labels
+    assert labels[1][0] == "previous"
+
+
+def test_roles_are_clause_offsets_where_clauses_repeat_and_nothing_where_one_segment_is_everything(gen):
+    tokens = LEGO.sample(8, gen, split="test").tokens
+    roles = segment_roles(tokens, LEGO)
+    assert roles[:, 1:6].tolist() == [[0, 1, 2, 3, 4]] * 8  # lhs = g rhs ;
+    modsum = ModsumTask(ModsumConfig(p=7))
+    assert (segment_roles(modsum.sample(8, gen).tokens, modsum) == 0).all()
+
+
+def test_parent_targets_lead_from_a_clause_to_the_clause_defining_its_right_hand_variable():
+    batch = LEGO.sample(4, seeded_generator(0), split="test")
+    parent, depth = parent_targets(batch.tokens, LEGO), batch.latents["depth"]  # depth: the chain depth per position
+    in_clause = depth >= 0
+    expected = (depth.unsqueeze(2) == depth.unsqueeze(1) + 1) & in_clause.unsqueeze(1) & in_clause.unsqueeze(2)
+    assert torch.equal(parent, expected)  # every position of #k to all of #k-1; #0 reads the root value, no clause
+
+
+def test_a_role_with_too_few_queries_falls_back_to_all_queries():
+    patterns = torch.rand(1, 2, 1, 4, 4).softmax(-1)
+    targets = torch.eye(4, dtype=torch.bool).roll(1, 1).expand(2, -1, -1)
+    queries, n_keys = torch.ones(2, 4, dtype=torch.bool), torch.full((2, 4), 4)
+    roles = torch.arange(4).expand(2, -1)  # 2 queries per role, fewer than MIN_ROLE_QUERIES
+    assert 2 < MIN_ROLE_QUERIES
+    from interp.attention import relative_mass
+    assert torch.equal(best_role_mass(patterns, targets, queries, n_keys, roles),
+                       relative_mass(patterns, targets, queries, n_keys))
+
+
+def test_the_label_is_the_first_kind_within_near_best_of_the_best_passing_score():
+    scores = torch.zeros(len(HEAD_KINDS), 1, 3)
+    scores[HEAD_KINDS.index("previous"), 0] = torch.tensor([0.98, 0.9, 0.3])
+    scores[HEAD_KINDS.index("manipulation"), 0] = torch.tensor([1.0, 1.0, 0.3])
+    assert label_heads(scores, DEFAULT_THRESHOLDS) == [["previous", "manipulation", "mixed"]]
 
 
 def test_thresholds_separate_planted_from_random_heads():
@@ -44,7 +113,7 @@ def test_planted_patterns_are_row_normalised_and_respect_causality(gen):
     composite = CompositeTask(CompositeConfig())
     for task in (LEGO, composite):
         tokens = task.sample(8, gen).tokens
-        for kind in HEAD_KINDS:
+        for kind in PLANTED_KINDS:
             pattern = planted_pattern(kind, tokens, task)
             assert torch.allclose(pattern.sum(-1), torch.ones(8, tokens.shape[1]))
             if task.causal:
