@@ -10,6 +10,7 @@ from interp.attention import (
     classify_heads,
     label_heads,
     parent_targets,
+    relative_mass,
     segment_roles,
 )
 from models.config import ModelConfig
@@ -90,8 +91,7 @@ def test_a_role_with_too_few_queries_falls_back_to_all_queries():
     targets = torch.eye(4, dtype=torch.bool).roll(1, 1).expand(2, -1, -1)
     queries, n_keys = torch.ones(2, 4, dtype=torch.bool), torch.full((2, 4), 4)
     roles = torch.arange(4).expand(2, -1)  # 2 queries per role, fewer than MIN_ROLE_QUERIES
-    assert 2 < MIN_ROLE_QUERIES
-    from interp.attention import relative_mass
+    assert MIN_ROLE_QUERIES > 2
     assert torch.equal(best_role_mass(patterns, targets, queries, n_keys, roles),
                        relative_mass(patterns, targets, queries, n_keys))
 
