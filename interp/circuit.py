@@ -86,7 +86,8 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from interp.patching import Metric, _baselines, _mean_metric
+from interp.patching.metrics import Metric, _mean_metric
+from interp.patching.sweep import _baselines
 from interp.paths import INPUTS, PathPatchResult, check_path_patchable, per_head_inputs
 
 TARGET = 0.9

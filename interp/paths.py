@@ -46,17 +46,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from interp.patching import (
-    DEFAULT_MAX_BATCH,
-    DIRECTIONS,
-    Metric,
-    _baselines,
-    _mean_metric,
-    _source_target,
-    forward_from,
-    normalise,
-    shortformer_positions,
-)
+from interp.patching import DEFAULT_MAX_BATCH, DIRECTIONS, Metric, forward_from, normalise, shortformer_positions
+from interp.patching.metrics import _mean_metric
+from interp.patching.sweep import _baselines, _source_target
 from models.factory import final_norm, is_post_norm
 
 INPUTS = ("q", "k", "v")  # a receiver head's inputs

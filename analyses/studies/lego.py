@@ -38,21 +38,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from analyses.study import Cell, Scales, Study, StudyContext
 from analyses.sweep import CellResult
 from interp import plots
 from interp.analysis import counterfactual_pairs
-from interp.attention import attention_patterns, classify_heads, mass_on_keys
+from interp.attention import classify_heads
 from interp.patching import logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
 from interp.tasks.lego import (
+    extrapolates,
     last_learned_before_middle,
+    last_variable_evidence,
+    last_variable_evidence_html,
     learned_steps,
+    lego_accuracy_figure,
     lego_curves,
     lego_parity_rules,
     lego_probe_map,
+    parity_rules_section,
     percolation_summary,
     resolved_depths,
 )
@@ -291,23 +295,6 @@ def accuracy_rows(ctx: StudyContext, cells: dict[Cell, RunConfig]) -> tuple[list
     return rows, table
 
 
-def accuracy_figure(table: dict[str, list[float]], supervised: list[bool], title: str, chance: float):
-    """Final test accuracy per variable (chain order), one line per model (the paper's Figure 3 end point)."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    for name, acc in table.items():
-        ax.plot(range(len(acc)), acc, marker="o", label=name)
-    first_unsup = next((i for i, s in enumerate(supervised) if not s), None)
-    if first_unsup is not None:
-        ax.axvspan(first_unsup - 0.5, len(supervised) - 0.5, color="0.92", label="not supervised")
-    ax.axhline(chance, color="0.6", linestyle=":", label="chance")
-    ax.set(xlabel="variable (chain order)", ylabel="final test accuracy", ylim=(0, 1.02), title=title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
 def mean_over_seeds(table: dict[str, list[float]], cells: Iterable[Cell], group: str) -> list[float] | None:
     """Mean final accuracy per variable over the cells of `group` that trained."""
     rows = [table[cell.name] for cell in cells if cell.group == group and cell.name in table]
@@ -347,8 +334,8 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2") -> dict[str, Any]:
     learned = {name: learned_steps(read_metrics(pool_dir(ctx) / name), len(supervised)) for name in table}
     rules = _rules_of(ctx, table)
     sections = [
-        ("Final accuracy per variable", figure_html(accuracy_figure(table, supervised, f"{group}: BERT vs ALBERT",
-                                                                    chance(next(iter(cells.values())))),
+        ("Final accuracy per variable", figure_html(lego_accuracy_figure(table, supervised, f"{group}: BERT vs ALBERT",
+                                                                         chance(next(iter(cells.values())))),
                                                     "Final test accuracy per variable; shaded: never supervised.")
          + table_html(rows, ["model", *[f"#{i}" for i in range(len(supervised))]])
          + "<p>* = not supervised (extrapolation).</p>"),
@@ -357,7 +344,7 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2") -> dict[str, Any]:
                                                                ["model", *[f"#{i}" for i in range(len(supervised))]])),
     ]
     if rules:
-        sections.append(_rules_section(rules))
+        sections.append(parity_rules_section(rules))
         headline["unsupervised_rules"] = {n: [r["rule"] for r in model_rules[first:]] for n, model_rules in rules.items()}
     return finish(ctx, f"LEGO ({group}): BERT vs ALBERT, length extrapolation", sections,
                   {"final_acc": table, "learned_step": learned,
@@ -373,16 +360,6 @@ def _rules_of(ctx: StudyContext, names) -> dict[str, list[dict[str, Any]]]:
         if run.config.task.group == "z2":
             found[name] = [r.summary() for r in lego_parity_rules(run.model, run.task, n=n)]
     return found
-
-
-def _rules_section(rules: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
-    n_vars = max(len(r) for r in rules.values())
-    return ("What each model computes (parity rules)", table_html(
-        [[n, *[f"{r['rule']} ({r['agreement']:.2f})" for r in model_rules]] for n, model_rules in rules.items()],
-        ["model", *[f"#{i}" for i in range(n_vars)]])
-        + "<p>Per variable, the parity of root value x0 and chain elements g0, g1, ... that the model's test "
-          "answers agree with most (share in brackets; <code>interp.tasks.lego.lego_parity_rules</code>). The "
-          "true value of #k is x0 + g0 + ... + gk.</p>")
 
 
 def percolation_study(ctx: StudyContext) -> dict[str, Any]:
@@ -443,14 +420,14 @@ def _comparison(ctx: StudyContext, cells: dict[Cell, RunConfig], title: str,
     headline = {group: mean_over_seeds(table, cells, group) for group in groups(cells)}
     headline["final_eval_loss"] = {n: round(v, 4) for n, v in losses.items()}
     sections = [
-        ("Final accuracy per variable", figure_html(accuracy_figure(table, supervised, title, chance(next(iter(cells.values())))), "")
+        ("Final accuracy per variable", figure_html(lego_accuracy_figure(table, supervised, title, chance(next(iter(cells.values())))), "")
          + table_html(rows, ["model", *[f"#{i}" for i in range(len(supervised))]])
          + table_html([[n, f"{v:.4f}"] for n, v in losses.items()], ["model", "final test loss (supervised)"])),
         ("Accuracy over training", "".join(curves_html(ctx, cell.name, c, cell.name) for cell, c in cells.items())),
     ]
     rules = _rules_of(ctx, table)
     if rules:
-        sections.append(_rules_section(rules))
+        sections.append(parity_rules_section(rules))
     return finish(ctx, title, sections, {"final_acc": table, "headline": headline, "parity_rules": rules, **(extra or {})})
 
 
@@ -476,7 +453,8 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
     # a partly learned shortcut stays below 95%; 75% is far above chance (50%) and shows the order too
     steps_75 = learned_steps(metrics, n_vars, threshold=0.75)
     shortcut_75 = last_learned_before_middle(steps_75)
-    evidence = _last_variable_evidence(ctx, all_name) if metrics else {}
+    run = load_run(pool_dir(ctx) / all_name) if metrics else None  # None: the model did not train
+    evidence = last_variable_evidence(run.model, run.task, *SCALES[ctx.scale].probe_samples) if run else {}
     rows, table = accuracy_rows(ctx, {k: v for k, v in cells.items() if k != every})
     middle = list(range(n_sup, cells[bert].task.n_vars - 1))  # unsupervised in both (b) models
     middle_acc = {n: round(float(np.mean([acc[i] for i in middle])), 4) for n, acc in table.items()} if middle else {}
@@ -490,7 +468,7 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
              [["step reaching 95%", *steps], ["step reaching 75%", *steps_75]], ["", *[f"#{i}" for i in range(n_vars)]])
          + f"<p class='verdict'>last variable learned (95%) before the middle ones: {shortcut}; "
            f"reached 75% before them: {shortcut_75}</p>"),
-        ("(a) How the last variable is computed", _evidence_html(evidence)),
+        ("(a) How the last variable is computed", last_variable_evidence_html(evidence)),
         ("(b) #0..#k-2 plus the last vs #0..#k-1", table_html(rows, ["model", *[f"#{i}" for i in range(cells[bert].task.n_vars)]])
          + f"<p>Mean accuracy on the middle variables {middle} (unsupervised in both): {middle_acc}.</p>"
          + (f"<p>Both models are the last stage of the <code>{curriculum(ctx.scale, 'bert').name}</code> curriculum "
@@ -501,58 +479,10 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
     ]
     rules = _rules_of(ctx, [cell.name for cell in cells if finished(pool_dir(ctx) / cell.name)])
     if rules:
-        sections.append(_rules_section(rules))
+        sections.append(parity_rules_section(rules))
     return finish(ctx, "LEGO: the shortcut", sections,
                   {"final_acc": table, "evidence": evidence,
                    "parity_rules": rules, "headline": headline})
-
-
-def _last_variable_evidence(ctx: StudyContext, name: str) -> dict[str, Any]:
-    """Probes per depth (is the last variable readable earlier than the middle ones?) and head
-    patching at the last slot (which heads carry it?)."""
-    run = load_run(pool_dir(ctx) / name)
-    n = SCALES[ctx.scale].probe_samples
-    probe = lego_probe_map(run.model, run.task, n_train=n[0], n_test=n[1])
-    gen = seeded_generator(7)
-    clean = run.task.sample(64, gen, split="test", aligned=True)
-    n_vars = run.task.cfg.n_vars
-    patches = {}
-    for depth, slot in ((0, n_vars - 1), (0, 1)):
-        corrupted, _ = run.task.corrupt(clean, gen, depth=depth)
-        result = patch_head_out(run.model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, slot))
-        patches[f"#{slot}"] = [[round(v, 3) for v in row] for row in result.values.tolist()]
-    # a parity shortcut reads the group elements (the signs) of every clause from the last
-    # variable's token; following the chain reads them one clause at a time
-    task = run.task
-    signs = (clean.tokens >= task.first_element) & (clean.tokens < task.first_value)
-    with torch.no_grad():
-        patterns = attention_patterns(run.model, clean.tokens)
-    sign_mass = {}
-    for slot in (n_vars - 1, 1):
-        mass, baseline = mass_on_keys(patterns, clean.label_pos[:, slot], signs)
-        sign_mass[f"#{slot}"] = [[round(v, 3) for v in row] for row in mass.tolist()]
-    return {"probe_accuracy": probe.to_dict()["accuracy"], "probe_first_layer": probe.first_layer,
-            "depth_names": probe.depth_names, "head_patching": patches, "sign_attention": sign_mass,
-            "sign_attention_uniform": round(baseline, 3)}
-
-
-def _evidence_html(evidence: dict[str, Any]) -> str:
-    if not evidence:
-        return "<p>No evidence: the model did not train.</p>"
-    parts = [figure_html(plots.heatmap(evidence["probe_accuracy"], "chain depth", "layer", "probe accuracy",
-                                       evidence["depth_names"], vmin=0.5, vmax=1.0, cmap="viridis"),
-                         f"First layer reaching 95% per depth: {evidence['probe_first_layer']}. A last variable "
-                         "readable before the middle ones points to a shortcut rather than following the chain.")]
-    for slot, values in evidence["head_patching"].items():
-        parts.append(figure_html(plots.heatmap(values, "head", "layer", f"head-output patching, metric at {slot}",
-                                               vmin=-1.0, vmax=1.0), f"Clean head output patched into the corrupted run "
-                                               f"(root flipped); 1 = restores the clean answer at {slot}."))
-    for slot, values in evidence.get("sign_attention", {}).items():
-        parts.append(figure_html(plots.heatmap(values, "head", "layer", f"attention from {slot} to group elements",
-                                               vmin=0.0, vmax=1.0, cmap="viridis"),
-                                 f"Mean attention mass from variable {slot}'s token to the group-element (sign) tokens "
-                                 f"of all clauses; uniform attention gives {evidence['sign_attention_uniform']}."))
-    return "".join(parts)
 
 
 def heads_study(ctx: StudyContext) -> dict[str, Any]:
@@ -573,16 +503,16 @@ def heads_study(ctx: StudyContext) -> dict[str, Any]:
         patch = patch_head_out(run.model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, slot))
         effects = {f"L{layer}H{head}": round(v, 3) for layer, row in enumerate(patch.values.tolist()) for head, v in enumerate(row)}
         top = sorted(effects.items(), key=lambda kv: -abs(kv[1]))[:3]
-        extrapolates = _extrapolates(run)
+        extrapolating = extrapolates(run)
         per_model[name] = {"learned_labels": learned, "planted": run.config.model.planted, "patching_metric": description,
-                           "head_effects": effects, "top_heads": top, "extrapolates": extrapolates,
+                           "head_effects": effects, "top_heads": top, "extrapolates": extrapolating,
                            "scores": heads.to_dict()["scores"]}
-        if extrapolates:
+        if extrapolating:
             for label in counts:
                 counts[label] += sum(v == label for v in learned.values())
         found = ", ".join(f"{h} {lab}" for h, lab in learned.items() if lab != "mixed") or "none"
         rows.append([name, found, ", ".join(f"{h} ({v:+.2f}{' planted' if _is_planted(h, planted) else ''})" for h, v in top),
-                     "yes" if extrapolates else "no"])
+                     "yes" if extrapolating else "no"])
     sections = [("Head labels and the heads the answer depends on", table_html(
         rows, ["model", "learned heads with a label (planted excluded)", "top heads by exact patching", "extrapolates"])
         + "<p>Patching: clean head output into the corrupted run, metric at the deepest fitted supervised variable; "
@@ -599,14 +529,6 @@ def heads_study(ctx: StudyContext) -> dict[str, Any]:
 def _is_planted(head: str, planted: set[str]) -> bool:
     layer, head_index = head[1:].split("H")
     return f"{layer}.{head_index}" in planted or f"*.{head_index}" in planted
-
-
-def _extrapolates(run) -> bool:
-    records = [r for r in run.metrics if "acc_per_var" in r]
-    cfg = run.config.task
-    if not records or cfg.supervision == "all" or cfg.n_supervised >= cfg.n_vars:
-        return False
-    return records[-1]["acc_per_var"][cfg.n_supervised] >= 0.6
 
 
 def s3_study(ctx: StudyContext) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 learned in, and for Z2 the parity rule each variable's answers follow), the probe map of
 information percolation along the chain, the for-loop evidence of the circuit graph, the
 report's sections and curves, and `lego-cpu` as the task's default preset. Registered with
-`interp.analysis.register_analysis` at the end of the file.
+`interp.analysis.register_analysis` at the end of the file. Also what the LEGO studies
+(analyses/studies/lego.py) read from one model: whether it extrapolates, how its last variable
+is computed (the shortcut), and their figures and tables.
 
 Shape glossary: layer = residual streams (interp.probes), depth = LEGO chain index, label = one
 slot per variable in chain order.
@@ -26,7 +28,9 @@ from transformer_lens import HookedTransformer
 
 from interp import plots
 from interp.analysis import TaskAnalysis, _named_chain, predictions, register_analysis, without_unset
+from interp.attention import attention_patterns, mass_on_keys
 from interp.circuit import Circuit, chains_to_logits, loop_steps
+from interp.patching import logit_diff_metric, patch_head_out
 from interp.probes import ProbeSet, layer_names, probe_grid, rounded
 from interp.report import figure_html, table_html
 from models.presets import lego_cpu, register_preset
@@ -36,6 +40,7 @@ from tasks import Batch, LegoTask, seeded_generator
 LEARNED_ACCURACY = 0.95  # a LEGO variable counts as learned from the first evaluation at or above it
 FIRST_REACH_THRESHOLD = 0.95  # DESIGN.md: a depth is "solved" at a layer once its probe reaches 95%
 MIN_PERCOLATION_DEPTHS = 3  # resolved depths a slope is fitted on: through two, any line fits exactly
+EXTRAPOLATING_ACCURACY = 0.6  # a model extrapolates when its first unsupervised variable ends at or above it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,6 +99,16 @@ def last_learned_before_middle(steps: list[int | None]) -> bool | None:
         return None
     middle = steps[1:-1]
     return all(s is None or steps[-1] < s for s in middle) and any(s is None or s > steps[-1] for s in middle)
+
+
+def extrapolates(run: LoadedRun) -> bool:
+    """Whether a run's first unsupervised variable ends at EXTRAPOLATING_ACCURACY or above
+    (False when every variable is supervised or the run has no evaluation)."""
+    records = [r for r in run.metrics if "acc_per_var" in r]
+    cfg = run.config.task
+    if not records or cfg.supervision == "all" or cfg.n_supervised >= cfg.n_vars:
+        return False
+    return records[-1]["acc_per_var"][cfg.n_supervised] >= EXTRAPOLATING_ACCURACY
 
 
 @dataclass
@@ -268,6 +283,58 @@ def lego_probe_map(
 
 
 # ---------------------------------------------------------------------------------------------
+# How the last variable is computed: the shortcut's evidence (`workbench study lego-shortcut`)
+
+
+def last_variable_evidence(model: HookedTransformer, task: LegoTask, n_train: int, n_test: int) -> dict[str, Any]:
+    """Probes per depth (is the last variable readable earlier than the middle ones?), head
+    patching at the last slot and at #1 (which heads carry it?), and each head's attention mass
+    from those slots to the group-element tokens. Probes fit on `n_train` sentences, score on
+    `n_test`."""
+    probe = lego_probe_map(model, task, n_train=n_train, n_test=n_test)
+    gen = seeded_generator(7)
+    clean = task.sample(64, gen, split="test", aligned=True)
+    n_vars = task.cfg.n_vars
+    patches = {}
+    for depth, slot in ((0, n_vars - 1), (0, 1)):
+        corrupted, _ = task.corrupt(clean, gen, depth=depth)
+        result = patch_head_out(model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, slot))
+        patches[f"#{slot}"] = [[round(v, 3) for v in row] for row in result.values.tolist()]
+    # a parity shortcut reads the group elements (the signs) of every clause from the last
+    # variable's token; following the chain reads them one clause at a time
+    signs = (clean.tokens >= task.first_element) & (clean.tokens < task.first_value)
+    with torch.no_grad():
+        patterns = attention_patterns(model, clean.tokens)
+    sign_mass = {}
+    for slot in (n_vars - 1, 1):
+        mass, baseline = mass_on_keys(patterns, clean.label_pos[:, slot], signs)
+        sign_mass[f"#{slot}"] = [[round(v, 3) for v in row] for row in mass.tolist()]
+    return {"probe_accuracy": probe.to_dict()["accuracy"], "probe_first_layer": probe.first_layer,
+            "depth_names": probe.depth_names, "head_patching": patches, "sign_attention": sign_mass,
+            "sign_attention_uniform": round(baseline, 3)}
+
+
+def last_variable_evidence_html(evidence: dict[str, Any]) -> str:
+    """The report section of `last_variable_evidence` (empty evidence: the model did not train)."""
+    if not evidence:
+        return "<p>No evidence: the model did not train.</p>"
+    parts = [figure_html(plots.heatmap(evidence["probe_accuracy"], "chain depth", "layer", "probe accuracy",
+                                       evidence["depth_names"], vmin=0.5, vmax=1.0, cmap="viridis"),
+                         f"First layer reaching 95% per depth: {evidence['probe_first_layer']}. A last variable "
+                         "readable before the middle ones points to a shortcut rather than following the chain.")]
+    for slot, values in evidence["head_patching"].items():
+        parts.append(figure_html(plots.heatmap(values, "head", "layer", f"head-output patching, metric at {slot}",
+                                               vmin=-1.0, vmax=1.0), f"Clean head output patched into the corrupted run "
+                                               f"(root flipped); 1 = restores the clean answer at {slot}."))
+    for slot, values in evidence.get("sign_attention", {}).items():
+        parts.append(figure_html(plots.heatmap(values, "head", "layer", f"attention from {slot} to group elements",
+                                               vmin=0.0, vmax=1.0, cmap="viridis"),
+                                 f"Mean attention mass from variable {slot}'s token to the group-element (sign) tokens "
+                                 f"of all clauses; uniform attention gives {evidence['sign_attention_uniform']}."))
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
 # workbench analyze and the report
 
 
@@ -328,6 +395,33 @@ def _lego_probes_html(probes: dict[str, Any]) -> str:
     note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
             f"{probes['first_layer']}; {percolation_summary(probes['first_layer'])}.")
     return figure_html(fig, "Linear probe accuracy for each variable's value at its own token.") + f"<p>{html.escape(note)}</p>"
+
+
+def parity_rules_section(rules: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
+    """A report section (title, html): the parity rule each model's answers follow per variable
+    (`ParityRule.summary()` lists by model name), with how to read it."""
+    n_vars = max(len(r) for r in rules.values())
+    table = table_html(
+        [[n, *[f"{r['rule']} ({r['agreement']:.2f})" for r in model_rules]] for n, model_rules in rules.items()],
+        ["model", *[f"#{i}" for i in range(n_vars)]])
+    return "What each model computes (parity rules)", table + ("<p>Per variable, the parity of root value x0 and chain elements g0, g1, ... that the model's "
+                    "test answers agree with most (share in brackets; <code>interp.tasks.lego.lego_parity_rules</code>). "
+                    "The true value of #k is x0 + g0 + ... + gk.</p>")
+
+
+def lego_accuracy_figure(table: dict[str, list[float]], supervised: list[bool], title: str, chance: float) -> plt.Figure:
+    """Final test accuracy per variable (chain order), one line per model (the paper's Figure 3 end point)."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for name, acc in table.items():
+        ax.plot(range(len(acc)), acc, marker="o", label=name)
+    first_unsup = next((i for i, s in enumerate(supervised) if not s), None)
+    if first_unsup is not None:
+        ax.axvspan(first_unsup - 0.5, len(supervised) - 0.5, color="0.92", label="not supervised")
+    ax.axhline(chance, color="0.6", linestyle=":", label="chance")
+    ax.set(xlabel="variable (chain order)", ylabel="final test accuracy", ylim=(0, 1.02), title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 def lego_curves(metrics: list[dict[str, Any]], supervised: list[bool]) -> plt.Figure:

@@ -446,7 +446,7 @@ def test_the_last_blocks_attention_runs_on_the_label_query_only_and_changes_no_n
     queries after rotary where the model has it); TransformerLens runs it in full."""
     from dataclasses import replace
 
-    from interp.patching import _narrowed_last_block
+    from interp.patching.exact import _narrowed_last_block
 
     model = build_model(replace(TINY_MODEL, positional=positional), LEGO, seed=4)
     gen = seeded_generator(4)
