@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         _check_out_link(args)
         return args.run(args)
     except ConfigError as err:
+        if args.debug and err.__cause__ is not None:  # an error of the user's own code (analyze-model --model)
+            traceback.print_exception(type(err.__cause__), err.__cause__, err.__cause__.__traceback__)
         print(f"workbench: configuration error: {err}", file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:
@@ -146,6 +148,18 @@ def _parser() -> argparse.ArgumentParser:
                               "the numbers are the same on every machine; cuda agrees within fp32 rounding; "
                               "auto = CUDA when present)")
     analyze.set_defaults(run=_cmd_analyze)
+
+    outside = sub.add_parser("analyze-model", help="the same analysis on your own HookedTransformer and prompt pairs",
+                             description=_ANALYZE_MODEL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    outside.add_argument("--model", required=True, metavar="FILE.py:FUNCTION",
+                         help="FILE.py:FUNCTION or package.module:FUNCTION; FUNCTION() returns a HookedTransformer")
+    outside.add_argument("--prompts", required=True, type=Path, metavar="PAIRS.json",
+                         help="the prompt pairs (format: docs/outside-models.md)")
+    outside.add_argument("--out", required=True, type=Path, help="folder for analysis.json and report.html")
+    outside.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu",
+                         help="where the model runs (default: cpu; auto = CUDA when present)")
+    outside.add_argument("--seed", type=int, default=0, help="seeds torch before FUNCTION() runs (default 0)")
+    outside.set_defaults(run=_cmd_analyze_model)
 
     report = sub.add_parser("report", help="(re)write report.html of a trained run")
     report.add_argument("run_dir", type=Path)
@@ -454,6 +468,26 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         report_path = write_run_report(run, analysis=analysis)
     print(task_analysis(analysis.task).headline(analysis.verdict))
     print(f"wrote {json_path} and {report_path} in {analysis.seconds:.0f} s on {device.type}")
+    return 0
+
+
+_ANALYZE_MODEL_HELP = """Patching, path patching, the circuit graph, head scores and the report on any
+TransformerLens HookedTransformer, with your own clean/corrupted prompt pairs and no project task
+(docs/outside-models.md). FUNCTION() takes no arguments and returns the model; the pairs file
+holds {"pairs": [{"clean", "corrupted", "answer", "wrong_answer"}, ...]} with optional "vocab"
+and "prepend_bos". Writes OUT/analysis.json and OUT/report.html. Example:
+  workbench analyze-model --model analyses/examples/induction.py:build \\
+      --prompts analyses/examples/induction_pairs.json --out runs/induction"""
+
+
+def _cmd_analyze_model(args: argparse.Namespace) -> int:
+    from analyses.outside import analyze_outside, summary_lines
+    from models.train import resolve_device
+
+    device = resolve_device(args.device, setting="analyze-model --device")
+    analysis, written = analyze_outside(args.model, args.prompts, args.out, device, seed=args.seed)
+    print("\n".join(summary_lines(analysis)))
+    print(f"wrote {' and '.join(map(str, written))} in {analysis.seconds:.1f} s on {device.type}")
     return 0
 
 

@@ -6,6 +6,9 @@ pairs you write yourself and no project Task (docs/outside-models.md walks throu
     analysis = analyze_model(model, pairs)           # metric: logit(answer) - logit(wrong_answer) at the last token
     analysis.write_report("runs/mine/report.html")   # and analysis.to_dict() for JSON
 
+From the command line (analyses/outside.py): `workbench analyze-model --model FILE.py:FUNCTION
+--prompts PAIRS.json --out DIR`, FUNCTION() returning the model, the pairs file `from_json`'s.
+
 A pair is a clean prompt, its corrupted twin of the same length, the clean prompt's answer token
 and the corrupted prompt's answer (`wrong_answer`); every prompt has the same number of tokens,
 so that a position means the same thing in every pair (patching copies position by position).
@@ -169,25 +172,37 @@ class PromptPairs:
     def from_json(cls, path: str | Path, model: HookedTransformer | None = None) -> PromptPairs:
         """Pairs from a JSON file: {"pairs": [{"clean": ..., "corrupted": ..., "answer": ...,
         "wrong_answer": ...}, ...], "vocab": [...] (optional), "prepend_bos": true (optional)},
-        or just the list of pairs. Prompts and answers as in `from_lists`."""
+        or just the list of pairs. Prompts and answers as in `from_lists`. Read strictly
+        (`models.safe_files.read_json`: a repeated key is refused), and so is a key not named
+        here (a misspelt "prepend_bos" would otherwise be ignored); every message starts with
+        the file's path."""
+        from models.safe_files import RunFolderError, read_json
+
         path = Path(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"cannot read prompt pairs from {path}: {err}") from None
+            data = read_json(path)
+        except FileNotFoundError:
+            raise ValueError(f"{path} does not exist; give a JSON file of prompt pairs") from None
+        except RunFolderError as err:
+            raise ValueError(str(err)) from None
         if isinstance(data, list):
             data = {"pairs": data}
         if not isinstance(data, dict) or not isinstance(data.get("pairs"), list):
             raise ValueError(f"{path}: expected an object with a list \"pairs\" (or a list of pairs), "
                              f"got {type(data).__name__}")
+        _refuse_other_keys(data, ("pairs", "vocab", "prepend_bos"), f"{path}: the top-level object")
         keys = ("clean", "corrupted", "answer", "wrong_answer")
         for i, pair in enumerate(data["pairs"]):
             missing = [key for key in keys if not isinstance(pair, dict) or key not in pair]
             if missing:
                 raise ValueError(f"{path}: pair {i} lacks {missing}; each pair is an object with {list(keys)}")
+            _refuse_other_keys(pair, keys, f"{path}: pair {i}")
         vocab = data.get("vocab")
         if vocab is not None and not (isinstance(vocab, list) and all(isinstance(v, str) for v in vocab)):
             raise ValueError(f"{path}: \"vocab\" must be a list of strings (the name of each token id)")
+        if not isinstance(data.get("prepend_bos"), bool | None):
+            raise ValueError(f"{path}: \"prepend_bos\" is {data['prepend_bos']!r}; use true, false or null "
+                             "(null: the model's default)")
         try:
             return cls.from_lists(*[[pair[key] for pair in data["pairs"]] for key in keys], model=model, vocab=vocab,
                                   prepend_bos=data.get("prepend_bos"))
@@ -202,8 +217,11 @@ class PromptPairs:
             bad = (ids >= size).nonzero()
             if len(bad):
                 where = bad[0].tolist()
+                place = f"the {name} prompt of pair {where[0]}, position {where[1]}" if len(where) == 2 else \
+                    f"the {name[:-1]} of pair {where[0]}"
                 raise ValueError(f"PromptPairs.{name}{where} is token {int(ids[tuple(where)])}, outside the model's "
-                                 f"vocabulary 0..{size - 1} ({'d_vocab' if size == cfg.d_vocab else 'd_vocab_out'})")
+                                 f"vocabulary 0..{size - 1} ({'d_vocab' if size == cfg.d_vocab else 'd_vocab_out'}): "
+                                 f"{place}")
         if self.clean.shape[1] > cfg.n_ctx:
             raise ValueError(f"the prompts have {self.clean.shape[1]} tokens but the model's context is n_ctx={cfg.n_ctx}")
 
@@ -232,6 +250,12 @@ class PromptPairs:
         if model is not None and getattr(model, "tokenizer", None) is not None:
             return list(model.to_str_tokens(torch.tensor(ids)))
         return [str(t) for t in ids]
+
+
+def _refuse_other_keys(obj: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    other = sorted(set(obj) - set(allowed))
+    if other:
+        raise ValueError(f"{where} has key(s) {other} that prompt pairs do not have; the keys are {list(allowed)}")
 
 
 def _kind(value: Any) -> str:

@@ -249,7 +249,7 @@ def test_bad_tokenizer_answers_json_files_and_metrics(word_model, tmp_path, toy)
     with pytest.raises(ValueError, match=r"pairs.json: pair 0 lacks \['wrong_answer'\]"):
         PromptPairs.from_json(path)
     path.write_text("{not json")
-    with pytest.raises(ValueError, match="cannot read prompt pairs from .*pairs.json"):
+    with pytest.raises(ValueError, match="pairs.json is not JSON"):
         PromptPairs.from_json(path)
     path.write_text(json.dumps([{"clean": [1, 2], "corrupted": [1, 3, 4], "answer": 2, "wrong_answer": 3}]))
     with pytest.raises(ValueError, match="pairs.json: pair 0: the clean prompt has 2 tokens and the corrupted one 3"):
