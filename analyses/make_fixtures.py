@@ -14,7 +14,7 @@ Each fixture is a folder with
 `load_fixture(folder)` rebuilds the model and the pairs. The script is deterministic: the same
 torch gives the same bytes (the test checks the committed files against a fresh build).
 
-The models are attention-only, causal, without norms (the one in `interp.outside`,
+The models are attention-only, causal, without norms (the one in `interp.toy_induction`,
 `hand_set_induction_model`, is the pattern). The residual stream is a sum of named subspaces of
 one-hot codes: the token, the position, and one per thing a head writes. A head's QK reads
 codes and matches them with score SCORE (hard attention); its OV copies codes from one

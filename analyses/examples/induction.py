@@ -4,12 +4,12 @@ prompt pairs in induction_pairs.json beside it:
     workbench analyze-model --model analyses/examples/induction.py:build \
         --prompts analyses/examples/induction_pairs.json --out runs/induction
 
-`build()` returns `interp.outside.hand_set_induction_model()`, a 2-layer attention-only model
+`build()` returns `interp.toy_induction.hand_set_induction_model()`, a 2-layer attention-only model
 whose weights are set by hand: L0H0 a previous-token head feeding L1H0, an induction head, and
 two distractors nothing reads. Your own factory does the same for your model: any function of
 no arguments returning a HookedTransformer (`HookedTransformer.from_pretrained("gpt2")`, or one
 you load from a checkpoint). `python analyses/examples/induction.py` rewrites the pairs file
-from `interp.outside.induction_prompt_pairs`."""
+from `interp.toy_induction.induction_prompt_pairs`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from transformer_lens import HookedTransformer
 
-from interp.outside import TOY_VOCAB, hand_set_induction_model, induction_prompt_pairs
+from interp.toy_induction import TOY_VOCAB, hand_set_induction_model, induction_prompt_pairs
 
 PAIRS_FILE = Path(__file__).with_name("induction_pairs.json")
 

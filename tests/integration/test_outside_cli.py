@@ -76,7 +76,7 @@ def test_the_example_pairs_file_is_what_its_module_writes():
 # Bad inputs: exit 2, a message naming the problem, nothing written
 
 FACTORIES = """
-from interp.outside import hand_set_induction_model
+from interp.toy_induction import hand_set_induction_model
 not_a_function = 3
 def build():
     return hand_set_induction_model()

@@ -19,15 +19,10 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from interp.outside import (
-    PromptPairs,
-    analyze_model,
-    hand_set_induction_model,
-    induction_prompt_pairs,
-    scalar_metric,
-)
+from interp.outside import PromptPairs, analyze_model, scalar_metric
 from interp.patching import attribute_head_out, patch_head_out, patch_residual
 from interp.paths import check_path_patchable, path_patch
+from interp.toy_induction import hand_set_induction_model, induction_prompt_pairs
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADS = {"previous": (0, 0), "self": (0, 1), "induction": (1, 0), "first": (1, 1)}
@@ -287,7 +282,8 @@ def test_the_notebook_is_among_those_the_notebook_suite_runs():
 
 
 def test_the_induction_threshold_is_the_measured_midpoint_between_random_heads_and_a_hand_set_one():
-    from interp.outside import OUTSIDE_THRESHOLDS, calibrate_induction
+    from interp.outside import OUTSIDE_THRESHOLDS
+    from interp.toy_induction import calibrate_induction
 
     measured = calibrate_induction()
     assert measured["random_max"] < OUTSIDE_THRESHOLDS["induction"] < measured["hand_set"]
