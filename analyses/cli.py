@@ -346,13 +346,14 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from analyses.demo import check_demo_folder, demo_learned
     from models.runs import DEMO, LOCK, RUN_FILES, atomic_write_bytes, run_lock
 
     cfg = _resolve_config(args, "lego-cpu", "lego")
     started = time.perf_counter()
-    _check_demo_folder(args.out)
+    check_demo_folder(args.out)
     with run_lock(args.out):  # nobody else writes the folder while the demo empties and retrains it
-        _check_demo_folder(args.out)  # again under the lock: a run written meanwhile is not deleted
+        check_demo_folder(args.out)  # again under the lock: a run written meanwhile is not deleted
         for path in args.out.iterdir():  # the demo starts fresh, but deletes only a run folder's own files
             if path.name in RUN_FILES and path.name != LOCK:
                 path.unlink()
@@ -360,84 +361,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         status = _train(cfg, args.out, resume=False, progress=not args.no_progress)
     if status == 0:
         _cmd_report(argparse.Namespace(run_dir=args.out))
-        learned = None if args.no_learned else _demo_learned(args.out)
+        learned = None if args.no_learned else demo_learned(args.out, analyze=_cmd_analyze)
         print(f"demo finished in {time.perf_counter() - started:.0f} s; open {args.out / 'report.html'} in a browser"
               + (f" (and {learned / 'report.html'}, a circuit that was learned, not planted)" if learned else ""))
     return status
-
-
-DEMO_LEARNED = "lego-three-hops"  # the zoo model whose analysis the demo's report links to
-
-
-def _demo_learned(out: Path) -> Path | None:
-    """Beside the demo run (whose association heads are planted), analyze a copy of the zoo's
-    learned three-hop LEGO model in OUT-learned (under a minute), and link the two reports. The
-    copy is made under a temporary name and renamed, so an interrupted copy is never taken for one."""
-    import shutil
-
-    from analyses.zoo import zoo_path
-    from models.runs import CONFIG
-
-    source, learned = zoo_path(DEMO_LEARNED), out.with_name(f"{out.name}-learned")
-    if learned.exists() and (not (learned / CONFIG).is_file()
-                             or (learned / CONFIG).read_bytes() != (source / CONFIG).read_bytes()):
-        print(f"warning: {learned} holds something other than a copy of zoo/{DEMO_LEARNED}; the learned model's "
-              "report is not written", file=sys.stderr)
-        return None
-    if not learned.exists():
-        partial = learned.with_name(f".{learned.name}.copying")
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(source, partial)
-        partial.rename(learned)
-    _cmd_analyze(argparse.Namespace(run_dir=learned, samples=512, seed=0, device="cpu"))
-    _link_reports(out, learned)
-    return learned
-
-
-def _link_reports(planted: Path, learned: Path) -> None:
-    """Rewrite both reports with a paragraph after the summary that points at the other."""
-    from interp.run_report import build_run_report
-    from models.runs import REPORT, load_run, run_lock
-
-    notes = {planted: (learned, "This model's association heads are planted. For heads that were learned, with nothing "
-                                "planted or mimicked, see"),
-             learned: (planted, f"A copy of zoo/{DEMO_LEARNED}: a plain model taught three association hops by the "
-                                "lego-three-hops curriculum. For the demo's model, whose association heads are planted, see")}
-    for run_dir, (other, words) in notes.items():
-        with run_lock(run_dir):
-            report = build_run_report(load_run(run_dir))
-            report.sections.insert(1, ("See also", f'<p>{words} <a href="../{other.name}/report.html">'
-                                                   f"{other.name}/report.html</a>.</p>"))
-            report.write(run_dir / REPORT)
-
-
-def _check_demo_folder(out: Path) -> None:
-    """The demo trains into a new or empty folder, or replaces a run of its own (`_is_demo_run`);
-    any other run is refused, never deleted."""
-    from models.runs import DEMO, RUN_FILES, RunFolder
-
-    if not _is_demo_run(out):
-        folder = RunFolder(out, named_by="--out")
-        folder.check_usable()
-        if folder.holds_run():
-            raise ConfigError(f"--out {out} holds a run that is not a demo run (no {DEMO} recording its config); the demo "
-                              f"replaces only its own runs: choose another folder, or delete that run yourself")
-        return
-    others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
-    if others:
-        raise ConfigError(f"--out {out} holds files that are not a run's ({', '.join(others[:5])}); choose a new or empty folder")
-
-
-def _is_demo_run(out: Path) -> bool:
-    """Whether `out` holds a run the demo wrote: its demo.json records the config that its
-    config.json holds (or the demo stopped before writing config.json)."""
-    from models.runs import CONFIG, DEMO, read_config
-
-    try:
-        recorded = json.loads((out / DEMO).read_text())
-        return not (out / CONFIG).exists() or read_config(out).to_dict() == recorded["config"]
-    except (OSError, ValueError, TypeError, KeyError, ConfigError):  # no marker, or a damaged one or config
-        return False
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
