@@ -27,8 +27,8 @@ share of heads carrying a hop (by exact patching) that get a hop label from 9 of
 (analyses/RESULTS.md, "The classifier against patching"). A role is scored where it has at least
 MIN_ROLE_QUERIES counted queries; where none has, the kind is averaged over all its queries. Roles
 are used only where they recur, every role in at least two segments of a sequence on average (LEGO's
-clauses); a task whose one segment is the whole sequence (modsum) has one position per role, and
-is scored over all queries.
+clauses); a task whose one segment is the whole sequence (a sum `a + b =`) has one position per
+role, and is scored over all queries.
 
 A head's label is, among the kinds whose score reaches their threshold and is within NEAR_BEST of
 the best such score, the first in HEAD_KINDS order (the narrower kinds first: a previous-token

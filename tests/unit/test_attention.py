@@ -17,7 +17,6 @@ from models.config import ModelConfig
 from models.factory import build_model
 from models.planted import PLANTED_KINDS, planted_pattern
 from tasks import CompositeConfig, CompositeTask, ConfigError, LegoConfig, LegoTask, seeded_generator
-from tasks.modsum import ModsumConfig, ModsumTask
 from tasks.templates import TemplatesConfig, TemplatesTask
 
 LEGO = LegoTask(LegoConfig(n_vars=6, n_supervised=3))
@@ -40,7 +39,23 @@ def test_every_planted_head_gets_its_label(task, layout, seed):
 
 
 COMPOSITE = CompositeTask(CompositeConfig())
-SHORT_TASKS = [ModsumTask(ModsumConfig(p=7)), ModsumTask(ModsumConfig(p=23)), TemplatesTask(TemplatesConfig())]
+
+
+class OneSegment:
+    """A task whose one segment is the whole sequence (as in a sum `a + b =`): the composite task
+    with its segments merged."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def segment_ids(self, tokens):
+        return torch.zeros_like(tokens)
+
+
+SHORT_TASKS = [OneSegment(COMPOSITE), COMPOSITE, TemplatesTask(TemplatesConfig())]
 
 
 @pytest.mark.parametrize("task", [LEGO, LEGO_S3, COMPOSITE], ids=["z2", "s3", "composite"])
@@ -51,11 +66,12 @@ def test_random_heads_are_never_given_a_hop_kind(task, seed):
     assert not any(scores.heads_labelled(kind) for kind in ("association", "parent", "manipulation"))
 
 
-@pytest.mark.parametrize("task", SHORT_TASKS, ids=["modsum7", "modsum23", "templates"])
+@pytest.mark.parametrize("task", SHORT_TASKS, ids=["one-segment", "composite", "templates"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_where_segments_are_no_repeated_clauses_roles_change_nothing(task, seed):
-    """modsum's one segment is the whole sum, templates' are single tokens: scored by offset, a
-    role would be one position, so they are scored over all queries, as without roles."""
+    """One segment over the whole sequence, composite's one 3-token segment among single tokens,
+    templates' single tokens: scored by offset, a role would be one position (or hold one
+    position per sequence), so they are scored over all queries, as without roles."""
     model = build_model(ModelConfig(n_layers=4, d_model=64, n_heads=4), task, seed=seed)
     tokens = task.sample(64, seeded_generator(seed), split="test").tokens
     by_role, plain = (classify_heads(model, task, tokens, by_role=flag) for flag in (True, False))
@@ -63,8 +79,8 @@ def test_where_segments_are_no_repeated_clauses_roles_change_nothing(task, seed)
     assert not by_role.heads_labelled("parent")
 
 
-@pytest.mark.parametrize("task", SHORT_TASKS[:2], ids=["modsum7", "modsum23"])
-def test_a_planted_previous_token_head_is_labelled_previous_on_a_one_segment_task(task):
+def test_a_planted_previous_token_head_is_labelled_previous_on_a_one_segment_task():
+    task = OneSegment(COMPOSITE)
     model = build_model(ModelConfig(n_layers=2, d_model=32, n_heads=4, planted={"1.0": "previous"}), task)
     labels = classify_heads(model, task, task.sample(64, seeded_generator(0), split="test").tokens).labels
     assert labels[1][0] == "previous"
@@ -74,8 +90,8 @@ def test_roles_are_clause_offsets_where_clauses_repeat_and_nothing_where_one_seg
     tokens = LEGO.sample(8, gen, split="test").tokens
     roles = segment_roles(tokens, LEGO)
     assert roles[:, 1:6].tolist() == [[0, 1, 2, 3, 4]] * 8  # lhs = g rhs ;
-    modsum = ModsumTask(ModsumConfig(p=7))
-    assert (segment_roles(modsum.sample(8, gen).tokens, modsum) == 0).all()
+    one = OneSegment(COMPOSITE)
+    assert (segment_roles(one.sample(8, gen).tokens, one) == 0).all()
 
 
 def test_parent_targets_lead_from_a_clause_to_the_clause_defining_its_right_hand_variable():
