@@ -38,12 +38,7 @@ def check_out_folder(out: Path) -> None:
     folder (its analysis.json and report.html are `workbench analyze`'s) or someone's other files.
     Checked before the model is built, so a refused command writes nothing."""
     folder = RunFolder(out, named_by="--out")
-    if str(out) in ("", "."):
-        raise ConfigError("--out is empty or '.'; name a folder for the analysis, e.g. --out runs/mine")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder; choose a folder for the analysis")
-    if not out.exists():
-        folder.check_creatable()
+    if not folder.check_place("the analysis"):
         return
     if folder.holds_run():
         raise ConfigError(f"--out {out} holds a training run; `workbench analyze {out}` analyses that run. Choose a new "

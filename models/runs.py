@@ -389,18 +389,25 @@ class RunFolder:
         files (which `check_receives` then refuses and `workbench demo` replaces): never a file,
         the current folder by an empty name, or a folder holding someone's other files."""
         out = self.path
-        if str(out) in ("", "."):
-            raise ConfigError(f"{self.named_by or 'the run folder'} is empty or '.'; name a folder for the run, "
-                              f"e.g. --out runs/x")
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"{self.label} is a file, not a folder; choose a folder for the run")
-        if not out.exists():
-            self.check_creatable()
+        if not self.check_place("the run"):
             return
         others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
         if others or (any(p.name != LOCK for p in out.iterdir()) and not self.holds_run()):
             listed = ", ".join(others[:5]) or "run files without a config.json"
             raise ConfigError(f"{self.label} holds files that are not a run's ({listed}); choose a new or empty folder")
+
+    def check_place(self, purpose: str) -> bool:
+        """Refuse an empty name or '.', a file, or a new folder that cannot be made (`purpose`, e.g.
+        "the run", completes the messages); return whether the folder exists already."""
+        if str(self.path) in ("", "."):
+            raise ConfigError(f"{self.named_by or 'the run folder'} is empty or '.'; name a folder for {purpose}, "
+                              f"e.g. --out runs/x")
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"{self.label} is a file, not a folder; choose a folder for {purpose}")
+        if not self.path.exists():
+            self.check_creatable()
+            return False
+        return True
 
     def check_creatable(self) -> None:
         """Create the folder and remove it again (with the parents that did not exist), so that a
