@@ -33,22 +33,26 @@ CARRIES, IDLE = 0.3, 0.05
 OLD_THRESHOLDS = {"association": 0.24, "manipulation": 0.39, "broadcast": 0.5, "previous": 0.5, "self": 0.5}
 
 
+def hop_effects(run, depth: int, variable: int, n_pairs: int = 64, seed: int = 1) -> Tensor:
+    """[layer, head]: exact head patching, normalised, for flipping the group element at chain
+    depth `depth` and reading `variable` (aligned test sentences)."""
+    gen = seeded_generator(seed)
+    clean = run.task.sample(n_pairs, gen, split="test", aligned=True)
+    corrupted, _ = run.task.corrupt(clean, gen, depth=depth)
+    metric = logit_diff_metric(clean, corrupted, label_index=variable)
+    return patch_head_out(run.model, clean.tokens, corrupted.tokens, metric).values
+
+
 def hop_shares(run, n_pairs: int = 64, seed: int = 1) -> Tensor:
-    """[layer, head]: the largest normalised exact-patching effect over (depth d, variable #v),
+    """[layer, head]: the largest `hop_effects` over (depth d, variable #v),
     1 <= d < v <= the last supervised variable."""
     supervised = [slot for slot, kept in enumerate(run.task.supervised_slots()) if kept]
-    last, best = max(supervised), None
-    for depth in range(1, last):
-        gen = seeded_generator(seed)
-        clean = run.task.sample(n_pairs, gen, split="test", aligned=True)
-        corrupted, _ = run.task.corrupt(clean, gen, depth=depth)
-        for variable in range(depth + 1, last + 1):
-            metric = logit_diff_metric(clean, corrupted, label_index=variable)
-            effects = patch_head_out(run.model, clean.tokens, corrupted.tokens, metric).values
-            best = effects if best is None else torch.maximum(best, effects)
-    if best is None:
+    last = max(supervised)
+    effects = [hop_effects(run, depth, variable, n_pairs, seed)
+               for depth in range(1, last) for variable in range(depth + 1, last + 1)]
+    if not effects:
         raise ValueError(f"{run.path} supervises fewer than three variables: no hop to patch")
-    return best
+    return torch.stack(effects).amax(0)
 
 
 @dataclass

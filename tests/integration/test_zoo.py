@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from analyses.classifier_check import hop_effects
 from analyses.zoo import KEPT_FILES, ZOO, status, zoo_path
 from interp.attention import classify_heads
-from interp.patching import logit_diff_metric, patch_head_out
 from interp.tasks.composite import composite_verdict
 from interp.tasks.lego import lego_parity_rules
 from models.runs import TRAIN_STATE, load_run
@@ -41,10 +41,7 @@ def test_each_zoo_folder_holds_its_entrys_config_and_small_weights_only(name):
 def hop_head_effects(run, seed=1):
     """Exact head patching for a change that reaches #2 only through the hop: flip #1's group
     element (depth 1) and read #2; values normalised (1 = the whole clean-corrupted difference)."""
-    gen = seeded_generator(seed)
-    clean = run.task.sample(64, gen, split="test", aligned=True)
-    corrupted, _ = run.task.corrupt(clean, gen, depth=1)
-    return patch_head_out(run.model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, label_index=2)).values
+    return hop_effects(run, depth=1, variable=2, seed=seed)
 
 
 def head_labels(run):
@@ -161,15 +158,6 @@ def test_at_batch_512_a_plain_model_learns_the_hop_and_the_workbench_labels_its_
     assert association, "no layer-2 head labelled association"
     effects = hop_head_effects(run)
     assert max(float(effects[2, head]) for head in association) > 0.7  # L2H3: .82
-
-
-def hop_effects(run, depth, variable, seed=1):
-    """Exact head patching: flip the group element at chain depth `depth`, read `variable`."""
-    gen = seeded_generator(seed)
-    clean = run.task.sample(64, gen, split="test", aligned=True)
-    corrupted, _ = run.task.corrupt(clean, gen, depth=depth)
-    metric = logit_diff_metric(clean, corrupted, label_index=variable)
-    return patch_head_out(run.model, clean.tokens, corrupted.tokens, metric).values
 
 
 @pytest.mark.parametrize("name", ["lego-three-hops-n6", "lego-three-hops"])
