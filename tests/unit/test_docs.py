@@ -125,6 +125,8 @@ def test_nothing_points_outside_the_repository(doc: Path):
     for target in links(doc):
         if not EXTERNAL.match(target):
             assert not target.startswith("/"), f"{doc.relative_to(ROOT)}: absolute link {target}"
+            assert not target.startswith("../"), (f"{doc.relative_to(ROOT)}: link {target} climbs out of its folder; "
+                                                  "name the file as a path (`interp/x.py`) instead")
 
 
 def test_the_readme_is_short():
