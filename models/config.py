@@ -119,7 +119,7 @@ class TrainConfig:
     """AdamW with linear warm-up then cosine decay to `min_lr`; loss only on supervised labels.
 
     n_train: None draws fresh training data every step; a number fixes a training set of that
-      many samples, cycled in shuffled epochs.
+      many samples, each batch drawn from it uniformly with replacement (not in epochs).
     mimic_steps: before step 0, this many steps of mimicking pre-training on random tokens
       (heads 0 and 1 of every layer imitate conv and same-token patterns; models/mimic.py).
     compile: run the training forward and backward through torch.compile (the first steps

@@ -255,7 +255,8 @@ def sweep_phase_table(index: dict[str, Any], sweep_dir: Path | None = None, n: i
 def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = SCALES["cpu"].eval_samples
                     ) -> dict[str, dict[str, Any]]:
     """Per finished cell of a composite sweep: its grid point, the init std of its gamma at its
-    width, the steps it trained and why it stopped (the stop rule, or the step budget), and the
+    width, the steps it trained of its budget and why it stopped (the stop rule, the step budget,
+    or "unfinished": killed or still training, its last checkpoint measured), and the
     verdict measured on `n` fresh sequences per pair type, test keys and training keys."""
     rows = {}
     for name, cell in index["cells"].items():
@@ -266,12 +267,21 @@ def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = SCALES["cpu
         verdict = composite_verdict(run.model, run.task, n=n).to_dict()
         last = run.metrics[-1] if run.metrics else {}
         gamma, width = run.config.model.init_gamma, run.config.model.d_model
+        # the step of the weights measured: an unfinished run's last checkpoint, which may come
+        # before its last evaluation
+        step, budget = run.weights.step if run.weights else last.get("step"), run.config.train.steps
+        stopped = last.get("stopped") or ("budget" if step == budget else "unfinished")
         rows[name] = {**cell["point"], "init_std": None if gamma is None else round(width ** -gamma, 5),
-                      "steps": last.get("step"), "stopped": last.get("stopped", "budget"),
+                      "steps": step, "of_steps": budget, "stopped": stopped,
                       **{k: verdict[k] for k in ("verdict", "seen_accuracy", "held_out_inferential", "held_out_symmetric",
                                                  "held_out_by_key_position")},
                       **held_out_on_training_keys(run.model, run.task, n=n)}
     return rows
+
+
+def run_folders(folder: Path) -> list[Path]:
+    """The run folders directly under `folder` (a config.json beside a model.safetensors), by name."""
+    return sorted(p for p in folder.iterdir() if (p / "config.json").is_file() and (p / "model.safetensors").is_file())
 
 
 def _point_of(cfg: RunConfig) -> dict[str, Any]:
@@ -491,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     model.init_gamma=...`): per (gamma, depth) the verdict of the seeds' best learning rates."""
     import argparse
     import json
+    import sys
 
     parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
     parser.add_argument("sweep_dir", type=Path)
@@ -503,11 +514,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", action="store_true",
                         help="one line per finished cell instead of the phase protocol's (gamma, depth) table: its grid "
                              "point, steps trained, why it stopped, and the verdict on fresh test-key and training-key "
-                             "sequences (--n per pair type)")
+                             "sequences (--n per pair type); SWEEP_DIR may also be a plain folder of run folders")
     args = parser.parse_args(argv)
-    finished = args.sweep_dir / "sweep.json"
-    if args.cells and not finished.exists():  # a sweep in progress: the cells it has finished so far
-        index = {"cells": json.loads((args.sweep_dir / "cells.json").read_text())}
+    finished, in_progress = args.sweep_dir / "sweep.json", args.sweep_dir / "cells.json"
+    if args.cells and not finished.exists() and in_progress.exists():  # the cells a sweep has finished so far
+        index = {"cells": json.loads(in_progress.read_text())}
+    elif args.cells and not finished.exists():  # a folder of run folders (e.g. analyses/gpu/composite_paper.sh's)
+        index = {"cells": {run.name: {"status": "done"} for run in run_folders(args.sweep_dir)}}
+        if not index["cells"]:
+            print(f"error: {args.sweep_dir} holds no sweep (sweep.json, cells.json) and no run folder "
+                  "(config.json with model.safetensors)", file=sys.stderr)
+            return 2
     else:
         index = json.loads(finished.read_text())
     if args.cells:

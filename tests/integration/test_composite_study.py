@@ -154,3 +154,37 @@ def test_measure_reads_a_sweeps_cells_like_the_phase_study(tmp_path, capsys):
     verdicts = [composite_verdict(run.model, run.task, n=2000) for run in runs]
     assert row["seeds"] == 2 and row["seed_verdicts"] == [v.verdict for v in verdicts]
     assert row["seen_accuracy"] == pytest.approx(sum(v.seen_accuracy for v in verdicts) / 2, abs=1e-4)
+
+
+def test_cells_reads_a_plain_folder_of_runs_and_marks_the_unfinished(tmp_path, capsys, monkeypatch):
+    """`--cells` on a folder of run folders that no sweep wrote (analyses/gpu/composite_paper.sh's):
+    one row per run, and a run killed before its budget is "unfinished", measured at its last
+    checkpoint (step 10, though it was evaluated at 15), not reported as stopped by the budget."""
+    from analyses.studies.composite import main
+    from interp.tasks.composite import composite_verdict
+    from models.runs import load_run
+    from models.train import Trainer
+    from tests.helpers import Killed, tiny_composite_run
+
+    Trainer(tiny_composite_run(steps=10), tmp_path / "done", progress=False).fit()
+    killed = Trainer(tiny_composite_run(steps=20, seed=1), tmp_path / "killed", progress=False)
+    original = killed._train_step
+    monkeypatch.setattr(killed, "_train_step",
+                        lambda batch: (_ for _ in ()).throw(Killed) if killed.step == 17 else original(batch))
+    with pytest.raises(Killed):
+        killed.fit()
+    (tmp_path / "notes").mkdir()  # not a run folder: skipped
+    assert main([str(tmp_path), "--cells", "--n", "200"]) == 0
+    rows = {row["cell"]: row for row in map(json.loads, capsys.readouterr().out.strip().splitlines())}
+    assert sorted(rows) == ["done", "killed"]
+    assert (rows["done"]["steps"], rows["done"]["of_steps"], rows["done"]["stopped"]) == (10, 10, "budget")
+    assert (rows["killed"]["steps"], rows["killed"]["of_steps"], rows["killed"]["stopped"]) == (10, 20, "unfinished")
+    verdict = composite_verdict(load_run(tmp_path / "killed").model, load_run(tmp_path / "killed").task, n=200)
+    assert rows["killed"]["held_out_symmetric"] == verdict.to_dict()["held_out_symmetric"]
+
+
+def test_cells_refuses_a_folder_with_no_runs(tmp_path, capsys):
+    from analyses.studies.composite import main
+
+    assert main([str(tmp_path), "--cells"]) == 2
+    assert "no run folder" in capsys.readouterr().err
