@@ -1,0 +1,38 @@
+"""analyses/gpu/composite_paper.sh, run on the CPU with a tiny schedule: it trains each cell into
+its own run folder with the paper preset's settings, and a second call resumes instead of
+starting again."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ("--set train.steps=4 --set train.eval_every=2 --set train.eval_size=64 --set train.n_train=500 "
+        "--set train.warmup_steps=1 --set train.batch_size=16 --set train.precision=fp32 --set train.compile=false "
+        "--set model.d_model=32 --set model.d_head=16 --set model.d_mlp=64 --set train.checkpoint_every=2")
+
+
+def _run(out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "CELLS": "0.8:1e-4", "EXTRA": TINY,
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.run(["bash", str(ROOT / "analyses/gpu/composite_paper.sh"), str(out)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_composite_paper_script_trains_the_paper_preset_and_resumes(tmp_path):
+    first = _run(tmp_path)
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "d2-g0.8-lr1e-4"
+    cfg = json.loads((run / "config.json").read_text())
+    assert (cfg["model"]["init_gamma"], cfg["train"]["lr"], cfg["task"]["key_modulus"]) == (0.8, 1e-4, 9)
+    assert (cfg["model"]["biases"], cfg["model"]["norm_position"], cfg["model"]["n_layers"]) == (False, "post", 2)
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [2, 4]
+    assert "'step': 4" in first.stdout
+    metrics, weights_written = (run / "metrics.jsonl").read_text(), (run / "model.safetensors").stat().st_mtime_ns
+    again = _run(tmp_path)  # the finished run is resumed (nothing left to train), not started again
+    assert again.returncode == 0, again.stderr
+    assert (run / "metrics.jsonl").read_text() == metrics  # a new run would have written new elapsed times
+    assert (run / "model.safetensors").stat().st_mtime_ns == weights_written
+    assert "error" not in (tmp_path / "d2-g0.8-lr1e-4.log").read_text().lower()  # resumed, not refused
