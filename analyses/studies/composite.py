@@ -23,14 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import torch
 
 from analyses.study import Scales, Study, StudyContext
 from analyses.sweep import CellResult, grid_cells, grid_points
+from interp.analysis import predictions
 from interp.complexity import embedding_spectrum, leading_share, query_condensation
 from interp.patching import logit_diff_metric, patch_residual
 from interp.report import figure_html, table_html
 from interp.tasks.composite import (
     classify_composite,
+    composite_attention_flow,
     composite_probe_map,
     composite_verdict,
     held_out_on_training_keys,
@@ -374,6 +377,32 @@ def patching_at_sites(run: LoadedRun, change: str, n: int = 256, key_pos: int = 
     return {site: [round(v, 3) for v in result.values[:, pos].tolist()] for site, pos in sites.items()}
 
 
+def mechanism_by_key_position(run: LoadedRun, key_positions: Sequence[int] = (2, 6), n: int = 256,
+                              seed: int = 0) -> dict[int, dict[str, Any]]:
+    """The mechanism where the pair sits: per key position, the held-out pair's answers and
+    attention flow (test keys at that position) and residual patching for a corrupted key or
+    anchor 1 (`patching_at_sites`). With the key at the last position it can take (seq_len - 3),
+    the pair ends the sequence and anchor 2 is the last token."""
+    task: CompositeTask = run.task
+    out = {}
+    for key_pos in key_positions:
+        if not 0 <= key_pos < task.n_key_positions:
+            raise ValueError(f"key position {key_pos} is outside 0..{task.n_key_positions - 1}")
+        gen = seeded_generator(seed)
+        held_ids = task.is_held_out.nonzero()[:, 0]
+        held = task.sample(n, gen, split="test", pair_ids=held_ids[torch.randint(len(held_ids), (n,), generator=gen)],
+                           key_pos=key_pos)
+        answer = predictions(run.model, held)[:, 0]
+        out[key_pos] = {
+            "held_out_inferential": round((answer == held.latents["inferential"]).float().mean().item(), 3),
+            "held_out_symmetric": round((answer == held.latents["symmetric"]).float().mean().item(), 3),
+            "attention": composite_attention_flow(run.model, held),
+            "patching_key": patching_at_sites(run, "key", n=n, key_pos=key_pos, seed=seed),
+            "patching_anchor1": patching_at_sites(run, "anchor1", n=n, key_pos=key_pos, seed=seed),
+        }
+    return out
+
+
 def mechanism_measures(run: LoadedRun, scale: str) -> dict[str, Any]:
     n = SCALES[scale].eval_samples
     probes = composite_probe_map(run.model, run.task, n_train=max(400, n * 2), n_test=n)
@@ -515,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="one line per finished cell instead of the phase protocol's (gamma, depth) table: its grid "
                              "point, steps trained, why it stopped, and the verdict on fresh test-key and training-key "
                              "sequences (--n per pair type); SWEEP_DIR may also be a plain folder of run folders")
+    parser.add_argument("--mechanism", action="store_true",
+                        help="with --cells: per cell, the mechanism at key positions 2 and 6 (the pair ends the "
+                             "sequence) instead of the verdict: held-out answers, attention flow, residual patching")
     args = parser.parse_args(argv)
     finished, in_progress = args.sweep_dir / "sweep.json", args.sweep_dir / "cells.json"
     if args.cells and not finished.exists() and in_progress.exists():  # the cells a sweep has finished so far
@@ -527,6 +559,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     else:
         index = json.loads(finished.read_text())
+    if args.cells and args.mechanism:
+        for name, cell in index["cells"].items():
+            if cell.get("status") == "done":
+                by_position = mechanism_by_key_position(load_run(args.sweep_dir / name))
+                print(json.dumps({"cell": name, "by_key_position": by_position}))
+        return 0
     if args.cells:
         for name, row in sweep_cell_rows(index, args.sweep_dir, args.n).items():
             print(json.dumps({"cell": name, **row}))

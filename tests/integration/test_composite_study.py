@@ -188,3 +188,28 @@ def test_cells_refuses_a_folder_with_no_runs(tmp_path, capsys):
 
     assert main([str(tmp_path), "--cells"]) == 2
     assert "no run folder" in capsys.readouterr().err
+
+
+def test_mechanism_by_key_position_lines_up_the_pair_where_asked(tmp_path, capsys):
+    """`--cells --mechanism`: per run, the held-out answers, attention flow and residual patching
+    with the key at positions 2 and 6. With the key at 6 the pair ends the sequence, so anchor 2
+    is the last token: the two sites read the same residual, and patching there agrees."""
+    from analyses.studies.composite import main, mechanism_by_key_position
+    from models.runs import load_run
+    from models.train import Trainer
+    from tests.helpers import tiny_composite_run
+
+    Trainer(tiny_composite_run(steps=10), tmp_path / "run", progress=False).fit()
+    measured = mechanism_by_key_position(load_run(tmp_path / "run"), n=64)
+    assert sorted(measured) == [2, 6]
+    at_end = measured[6]
+    assert at_end["attention"]["last->key"] == at_end["attention"]["anchor2->key"]
+    assert at_end["patching_key"]["last"] == at_end["patching_key"]["anchor2"]
+    # before the first block only the corrupted token's own residual restores the answer
+    assert [at_end["patching_key"][site][0] for site in ("key", "anchor1", "anchor2")] == [1.0, 0.0, 0.0]
+    assert 0 <= at_end["held_out_inferential"] + at_end["held_out_symmetric"] <= 1
+    with pytest.raises(ValueError, match="outside 0..6"):
+        mechanism_by_key_position(load_run(tmp_path / "run"), key_positions=(7,))
+    assert main([str(tmp_path), "--cells", "--mechanism"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["cell"] == "run" and set(row["by_key_position"]) == {"2", "6"}
