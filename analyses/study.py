@@ -178,6 +178,12 @@ def _check_gammas(name: str, study: Study, gammas: Sequence[float]) -> tuple[flo
     return float(gammas[0]), float(gammas[1])
 
 
+def run_folders(folder: Path) -> list[Path]:
+    """The run folders directly under `folder` (a config.json beside a model.safetensors), by name:
+    a sweep's cells, or runs trained one by one into a folder of their own."""
+    return sorted(p for p in folder.iterdir() if (p / "config.json").is_file() and (p / "model.safetensors").is_file())
+
+
 def default_out(name: str, scale: str) -> Path:
     return Path("runs/studies") / f"{name}-{scale}"
 

@@ -25,7 +25,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import torch
 
-from analyses.study import Scales, Study, StudyContext
+from analyses.study import Scales, Study, StudyContext, run_folders
 from analyses.sweep import CellResult, grid_cells, grid_points
 from interp.analysis import predictions
 from interp.complexity import embedding_spectrum, leading_share, query_condensation
@@ -280,11 +280,6 @@ def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = SCALES["cpu
                                                  "held_out_by_key_position")},
                       **held_out_on_training_keys(run.model, run.task, n=n)}
     return rows
-
-
-def run_folders(folder: Path) -> list[Path]:
-    """The run folders directly under `folder` (a config.json beside a model.safetensors), by name."""
-    return sorted(p for p in folder.iterdir() if (p / "config.json").is_file() and (p / "model.safetensors").is_file())
 
 
 def _point_of(cfg: RunConfig) -> dict[str, Any]:

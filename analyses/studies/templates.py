@@ -21,12 +21,13 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
 import torch
 
-from analyses.study import Cell, Scales, Study, StudyContext
+from analyses.study import Cell, Scales, Study, StudyContext, run_folders
 from interp.attention import classify_heads
 from interp.patching import activation_patch, logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
@@ -292,3 +293,73 @@ STUDIES = [
     Study("templates-heads", "augmented models: do heads attend to repeated symbols? head scores, a_h/b_h, patching, "
           "identity terms off", run_heads),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# reading a sweep of templates runs
+
+
+def sweep_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
+    """Per run under `folders` (e.g. `workbench sweep --preset templates-cpu --grid
+    task.n_train_symbols=... model.identity_attention=false,true`): its alphabet size, variant,
+    identity lr scale, steps trained and why it stopped, its last evaluation's test loss and
+    error (unseen symbols), and the largest |a_h| and |b_h| of an augmented model."""
+    rows = []
+    for folder in (run for where in folders for run in run_folders(where)):
+        run = load_run(folder)
+        cfg, last = run.config, (run.metrics or [{}])[-1]
+        augmented = cfg.model.identity_attention
+        row = {"run": str(folder), "template": cfg.task.template, "n": cfg.task.n_train_symbols,
+               "variant": "augmented" if augmented else "plain", "identity_lr_scale": cfg.train.identity_lr_scale,
+               "steps": last.get("step"), "of_steps": cfg.train.steps,
+               "stopped": last.get("stopped") or ("budget" if last.get("step") == cfg.train.steps else "unfinished"),
+               "test_loss": last.get("eval_loss"), "test_error": last.get("error")}
+        if augmented:
+            for name, param in (("max_abs_a_h", "identity_a"), ("max_abs_b_h", "identity_b")):
+                row[name] = round(max(getattr(b.attn, param).abs().max().item() for b in run.model.blocks), 4)
+        rows.append(row)
+    return rows
+
+
+def sweep_factors(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """`data_factors` of the plain runs against the augmented ones of each identity lr scale
+    (one seed per n: a second run of the same n and variant is refused, not averaged)."""
+    curves: dict[str, dict[int, float]] = {}
+    for row in rows:
+        key = "plain" if row["variant"] == "plain" else f"augmented, identity_lr_scale {row['identity_lr_scale']}"
+        if row["n"] in curves.setdefault(key, {}):
+            raise ValueError(f"two {key} runs with n = {row['n']}; sweep_factors reads one seed per n")
+        curves[key][row["n"]] = row["test_loss"]
+    plain = curves.pop("plain", {})
+    return {key: data_factors({"plain": plain, "augmented": curve}) for key, curve in curves.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m analyses.studies.templates SWEEP_DIR...`: one line per templates run (n, variant,
+    steps, test loss and error on unseen symbols, |a_h|, |b_h|), then the data-efficiency factors
+    of plain vs augmented (per identity lr scale)."""
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    parser.add_argument("sweep_dirs", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    missing = [str(d) for d in args.sweep_dirs if not d.is_dir()]
+    if missing:
+        print(f"error: not a folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    rows = sweep_rows(args.sweep_dirs)
+    if not rows:
+        print(f"error: no run folder (config.json with model.safetensors) under {', '.join(map(str, args.sweep_dirs))}",
+              file=sys.stderr)
+        return 2
+    for row in sorted(rows, key=lambda r: (r["n"], r["variant"], r["identity_lr_scale"])):
+        print(json.dumps(row))
+    for key, factors in sweep_factors(rows).items():
+        print(json.dumps({"factors": key, "rows": factors}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -39,3 +39,41 @@ def test_data_factors_reads_the_smallest_n_reaching_each_loss():
     # a plain mean with more digits than the reported loss still counts as reached at its own n
     row = data_factors({"plain": {4: 0.67141235, 16: 0.1}, "augmented": {4: 0.9, 16: 0.05}})[0]
     assert row == {"loss": 0.671412, "n_plain": 4, "n_augmented": 16, "factor": 0.25}
+
+
+def test_sweep_reader_lists_each_run_and_the_factor_per_identity_lr_scale(tmp_path, capsys):
+    """`python -m analyses.studies.templates DIR...` on runs trained outside a study: one row per
+    run with its last test loss, |a_h| and |b_h| read from the augmented model's weights, and
+    the plain-vs-augmented factors per identity lr scale."""
+    import dataclasses
+
+    from analyses.studies.templates import cell_config, main, sweep_factors, sweep_rows
+    from models.runs import load_run
+    from models.train import Trainer
+
+    def train(name, n, augmented, lr_scale=1.0):
+        cfg = cell_config("tiny", "same_different", n, augmented)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, identity_lr_scale=lr_scale))
+        Trainer(cfg, tmp_path / name, progress=False).fit()
+
+    for n in (4, 8):
+        train(f"plain-{n}", n, False)
+        train(f"aug-{n}", n, True)
+    (tmp_path / "lr10").mkdir()
+    train("lr10/aug-4", 4, True, lr_scale=10.0)
+    rows = {r["run"].split(str(tmp_path) + "/")[1]: r for r in sweep_rows([tmp_path, tmp_path / "lr10"])}
+    assert sorted(rows) == ["aug-4", "aug-8", "lr10/aug-4", "plain-4", "plain-8"]
+    last = json.loads((tmp_path / "aug-8" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (rows["aug-8"]["test_loss"], rows["aug-8"]["steps"], rows["aug-8"]["stopped"]) == (last["eval_loss"], 10, "budget")
+    model = load_run(tmp_path / "aug-8").model
+    assert rows["aug-8"]["max_abs_a_h"] == round(max(b.attn.identity_a.abs().max().item() for b in model.blocks), 4)
+    assert "max_abs_a_h" not in rows["plain-8"]
+    factors = sweep_factors(list(rows.values()))
+    assert sorted(factors) == ["augmented, identity_lr_scale 1.0", "augmented, identity_lr_scale 10.0"]
+    with pytest.raises(ValueError, match="two plain runs with n = 4"):
+        sweep_factors([*rows.values(), rows["plain-4"]])
+    assert main([str(tmp_path), str(tmp_path / "lr10")]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 5 + 2 and json.loads(printed[-1])["factors"].startswith("augmented")
+    assert main([str(tmp_path / "lr10" / "aug-4")]) == 2  # a run folder, not a folder of runs
+    assert main([str(tmp_path / "nowhere")]) == 2
