@@ -7,6 +7,10 @@ in training, how many training symbols does it need, and does identity-augmented
   factor by which the augmented model needs fewer symbols for a given test loss.
 - templates-copy-width: the copy template (`a = q ; print a -> q`); per width d_model, the
   smallest n with test error < 0.05, plain vs augmented.
+- templates-mlp-control: the paper's MLP control of finding 1: a plain MLP over the
+  concatenated token embeddings (models/mlp_control.py) on the templates-efficiency cells' data
+  stream, schedule and test batch, per n and seed; once with the transformer's own frozen random
+  embeddings, once with one-hot symbols (the paper's inputs).
 - templates-heads: augmented (and plain) models on same-different and binding: head scores
   (does a head attend to the repeat of its symbol?), the learned a_h, b_h, per-layer and per-head
   patching, and how much accuracy is lost when the identity terms are switched off.
@@ -17,7 +21,9 @@ Every model keeps its token embeddings fixed at their random init and reads logi
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,12 +31,15 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import torch
+from tqdm import tqdm
 
 from analyses.study import Cell, Scales, Study, StudyContext
 from interp.attention import classify_heads
 from interp.patching import activation_patch, logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
 from models.config import ModelConfig, RunConfig, TrainConfig
+from models.mlp_control import train_mlp_control
+from models.runs import atomic_write_bytes
 from models.runs import load_run
 from tasks import TemplatesConfig, logits_at_labels, seeded_generator
 
@@ -179,6 +188,59 @@ def _jsonable(curves: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# templates-mlp-control
+
+MLP_EMBEDDINGS = {"mlp": "transformer", "mlp-onehot": "onehot"}  # cell kind -> models.mlp_control embeddings
+
+
+def run_mlp_control(ctx: StudyContext) -> dict[str, Any]:
+    """Each templates-efficiency plain cell's config (same task, n, seed, steps, batch, lr,
+    test batch), trained as an MLP control instead. Each cell's numbers are kept in
+    mlp/<cell>.json with its config, so a rerun skips the cells it finished."""
+    s, started = SCALES[ctx.scale], time.perf_counter()
+    seeds = ctx.seeds_or(s.seeds)
+    template = "same_different"
+    cells = {Cell(kind, seed, (f"n{n}",)): (cell_config(ctx.scale, template, n, False, seed), emb)
+             for seed in seeds for kind, emb in MLP_EMBEDDINGS.items() for n in s.ns}
+    folder = ctx.out / "mlp"
+    folder.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+    bar = tqdm(cells.items(), desc=f"MLP cells of {ctx.out.name}", unit="cell", disable=not ctx.progress,
+               mininterval=1.0 if sys.stderr.isatty() else 30.0)
+    for cell, (cfg, emb) in bar:
+        path, recipe = folder / f"{cell.name}.json", {"config": cfg.to_dict(), "embeddings": emb}
+        saved = json.loads(path.read_text()) if path.exists() else None
+        if saved is None or {k: saved.get(k) for k in recipe} != recipe:
+            saved = {**recipe, **train_mlp_control(cfg, embeddings=emb)}
+            atomic_write_bytes(path, json.dumps(saved, indent=1).encode())
+        results[cell.name] = saved
+        bar.set_postfix(cell=cell.name, error=saved["final"]["error"])
+    bar.close()
+
+    def final(kind: str, n: int, seed: int) -> dict[str, Any]:
+        return results[Cell(kind, seed, (f"n{n}",)).name]["final"]
+
+    keys = ("eval_loss", "error", "train_split_acc")
+    curves = {k: {n: {key: _mean_std([float(final(k, n, seed)[key]) for seed in seeds]) for key in keys}
+                  for n in s.ns} for k in MLP_EMBEDDINGS}
+    headline = {"template": template, **{f"{k}_{key}_at_max_n": curves[k][s.ns[-1]][key][0]
+                                         for k in MLP_EMBEDDINGS for key in keys},
+                **{f"{k}_min_error": min(curves[k][n]["error"][0] for n in s.ns) for k in MLP_EMBEDDINGS}}
+    out = {"headline": headline, "curves": _jsonable(curves), "seeds": seeds, "embeddings": MLP_EMBEDDINGS,
+           "cells": {name: {k: r[k] for k in ("final", "history", "seconds", "parameters")} for name, r in results.items()},
+           "seconds": round(time.perf_counter() - started, 1)}
+    rows = [[n, k, "{:.4f} +- {:.4f}".format(*curves[k][n]["eval_loss"]), "{:.3f} +- {:.3f}".format(*curves[k][n]["error"]),
+             "{:.3f}".format(curves[k][n]["train_split_acc"][0])] for n in s.ns for k in MLP_EMBEDDINGS]
+    sections = [
+        ("MLP control: test loss on unseen symbols vs training alphabet size",
+         figure_html(_curve_figure(curves, s.ns), "mean +- std over seeds; mlp: the transformer's frozen random "
+                     "embeddings (d_model wide); mlp-onehot: one-hot symbols")
+         + table_html(rows, ["n", "control", "test loss", "test error", "accuracy on training symbols"])),
+    ]
+    return ctx.finish(f"templates-mlp-control ({ctx.scale})", sections, out)
+
+
+# ---------------------------------------------------------------------------------------------
 # templates-copy-width
 
 
@@ -289,6 +351,8 @@ STUDIES = [
           "identity-augmented attention", run_efficiency),
     Study("templates-copy-width", "copy template: training symbols needed for error < 0.05 per width, plain vs augmented",
           run_copy_width),
+    Study("templates-mlp-control", "same-different on unseen symbols: a plain MLP over the concatenated embeddings "
+          "(transformer's frozen random ones, and one-hot) on the templates-efficiency cells' data", run_mlp_control),
     Study("templates-heads", "augmented models: do heads attend to repeated symbols? head scores, a_h/b_h, patching, "
           "identity terms off", run_heads),
 ]
