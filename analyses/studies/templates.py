@@ -39,8 +39,7 @@ from interp.patching import activation_patch, logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.mlp_control import train_mlp_control
-from models.runs import atomic_write_bytes
-from models.runs import load_run
+from models.runs import atomic_write_bytes, load_run
 from tasks import TemplatesConfig, logits_at_labels, seeded_generator
 
 VARIANTS = {"plain": False, "augmented": True}
