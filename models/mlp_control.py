@@ -13,7 +13,7 @@ the identity instead: the paper's one-hot symbols, orthogonal to each other.
 (`models.train.next_training_batch` from a generator seeded with train.seed), with AdamW, the
 same lr schedule (`learning_rate`), weight decay on weight matrices only and the same gradient
 clip, and evaluates it at the same steps on the same held-out batch (`evaluation_batch`, the test
-split). It also scores fresh strings of the training split, to tell "learned nothing" from
+split), on train.device. It also scores fresh strings of the training split, to tell "learned nothing" from
 "learned the training symbols only". No run folder, checkpoint or resume: a control trains in
 seconds at cpu scale; the caller keeps the numbers it returns.
 """
@@ -30,7 +30,16 @@ from torch import Tensor, nn
 
 from models.config import RunConfig
 from models.factory import build_model
-from models.train import evaluation_batch, learning_rate, next_training_batch, training_set
+from models.train import (
+    check_precision,
+    evaluation_batch,
+    learning_rate,
+    next_training_batch,
+    resolve_device,
+    to_device,
+    training_precision,
+    training_set,
+)
 from tasks import Batch, ConfigError, Task, make_task, seeded_generator
 from tasks.base import UnpaddedTask
 
@@ -101,16 +110,18 @@ def label_loss(logits: Float[Tensor, "batch label d_vocab"], batch: Batch, mask:
 
 @torch.no_grad()
 def score(model: EmbeddingMLP, task: Task, batch: Batch) -> dict[str, Any]:
-    """Loss and the task's accuracies on `batch`."""
+    """Loss and the task's accuracies on `batch` (a CPU batch; the model on any device), in fp32."""
     model.eval()
-    logits = model(batch.tokens)
+    device = model.W_E.device
+    logits = model(batch.tokens.to(device)).float().cpu()
     scored = batch.label_mask & batch.loss_mask if batch.loss_mask.any() else batch.label_mask
     return {"loss": label_loss(logits, batch, scored).item(), **task.accuracy(batch, logits.argmax(-1))}
 
 
 def train_mlp_control(cfg: RunConfig, hidden: int | None = None, n_hidden: int = 2, embeddings: str = "transformer",
                       record_batches: list[Batch] | None = None) -> dict[str, Any]:
-    """Train the MLP control of `cfg` for train.steps steps (CPU, fp32) and return its
+    """Train the MLP control of `cfg` for train.steps steps (on train.device, with train.precision's
+    autocast; evaluations in fp32; CUDA untested) and return its
     evaluations: `history` (one record per evaluation, at the trainer's steps: train_loss, the
     mean over the steps since the last one; eval_loss and the task's accuracies on the held-out
     test batch; train_split_loss / train_split_acc on fresh training-split strings) and `final`
@@ -120,7 +131,9 @@ def train_mlp_control(cfg: RunConfig, hidden: int | None = None, n_hidden: int =
     if train.plateau_evals is not None or train.init_from is not None or train.mimic_steps:
         raise ConfigError("an MLP control trains the plain schedule: no plateau_evals, init_from or mimic_steps")
     task = make_task(cfg.task)
-    model = build_mlp_control(cfg, task, hidden, n_hidden, embeddings)
+    device = resolve_device(train.device)
+    check_precision(device, train.precision)
+    model = build_mlp_control(cfg, task, hidden, n_hidden, embeddings).to(device)
     decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
     rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train.weight_decay},
@@ -134,10 +147,13 @@ def train_mlp_control(cfg: RunConfig, hidden: int | None = None, n_hidden: int =
         batch = next_training_batch(task, train_set, train.batch_size, data_gen)
         if record_batches is not None:
             record_batches.append(batch)
+        batch = to_device(batch, device)
         model.train()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, train)
-        loss = label_loss(model(batch.tokens), batch)
+        with training_precision(device, train.precision):
+            logits = model(batch.tokens)
+        loss = label_loss(logits.float(), batch)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"the MLP control's training loss became {loss.item()} at step {step}")
         optimizer.zero_grad(set_to_none=True)
@@ -145,7 +161,7 @@ def train_mlp_control(cfg: RunConfig, hidden: int | None = None, n_hidden: int =
         if train.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
         optimizer.step()
-        loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
+        loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1  # a sync per step; controls are small
         done = step + 1
         if done % train.eval_every == 0 or done == train.steps:
             test, seen = score(model, task, eval_batch), score(model, task, train_split)

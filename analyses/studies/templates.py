@@ -21,9 +21,7 @@ Every model keeps its token embeddings fixed at their random init and reads logi
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +29,6 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import torch
-from tqdm import tqdm
 
 from analyses.study import Cell, Scales, Study, StudyContext
 from interp.attention import classify_heads
@@ -39,7 +36,7 @@ from interp.patching import activation_patch, logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.mlp_control import train_mlp_control
-from models.runs import atomic_write_bytes, load_run
+from models.runs import load_run
 from tasks import TemplatesConfig, logits_at_labels, seeded_generator
 
 VARIANTS = {"plain": False, "augmented": True}
@@ -194,27 +191,18 @@ MLP_EMBEDDINGS = {"mlp": "transformer", "mlp-onehot": "onehot"}  # cell kind -> 
 
 def run_mlp_control(ctx: StudyContext) -> dict[str, Any]:
     """Each templates-efficiency plain cell's config (same task, n, seed, steps, batch, lr,
-    test batch), trained as an MLP control instead. Each cell's numbers are kept in
-    mlp/<cell>.json with its config, so a rerun skips the cells it finished."""
+    test batch, device), trained as an MLP control instead (StudyContext.run_controls: a rerun
+    skips the cells it finished)."""
     s, started = SCALES[ctx.scale], time.perf_counter()
     seeds = ctx.seeds_or(s.seeds)
     template = "same_different"
-    cells = {Cell(kind, seed, (f"n{n}",)): (cell_config(ctx.scale, template, n, False, seed), emb)
-             for seed in seeds for kind, emb in MLP_EMBEDDINGS.items() for n in s.ns}
-    folder = ctx.out / "mlp"
-    folder.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, Any]] = {}
-    bar = tqdm(cells.items(), desc=f"MLP cells of {ctx.out.name}", unit="cell", disable=not ctx.progress,
-               mininterval=1.0 if sys.stderr.isatty() else 30.0)
-    for cell, (cfg, emb) in bar:
-        path, recipe = folder / f"{cell.name}.json", {"config": cfg.to_dict(), "embeddings": emb}
-        saved = json.loads(path.read_text()) if path.exists() else None
-        if saved is None or {k: saved.get(k) for k in recipe} != recipe:
-            saved = {**recipe, **train_mlp_control(cfg, embeddings=emb)}
-            atomic_write_bytes(path, json.dumps(saved, indent=1).encode())
-        results[cell.name] = saved
-        bar.set_postfix(cell=cell.name, error=saved["final"]["error"])
-    bar.close()
+    cells = {Cell(kind, seed, (f"n{n}",)): cell_config(ctx.scale, template, n, False, seed)
+             for seed in seeds for kind in MLP_EMBEDDINGS for n in s.ns}
+
+    def train(name: str, cfg: RunConfig) -> dict[str, Any]:
+        return train_mlp_control(cfg, embeddings=MLP_EMBEDDINGS[name.rsplit("-n", 1)[0]])
+
+    results = ctx.run_controls(cells, train, where="mlp")
 
     def final(kind: str, n: int, seed: int) -> dict[str, Any]:
         return results[Cell(kind, seed, (f"n{n}",)).name]["final"]
