@@ -110,6 +110,34 @@ class StudyContext:
         return run_cells(cell_names(cells), folder, workers=self.workers, backend=self.backend,
                          address=self.address, progress=self.progress)
 
+    def run_controls(self, cells: Mapping[Cell | str, Any], train: Callable[[str, Any], dict[str, Any]],
+                     where: str = "controls") -> dict[str, dict[str, Any]]:
+        """Cells trained by `train(name, config)` instead of the Trainer (a control model such as
+        models/mlp_control.py), one after another in this process, with a progress bar. Each
+        returns a JSON-able dict, kept as `where/<name>.json` beside its config, so a rerun skips
+        the cells it finished; the dicts are returned by name, in `cells` order."""
+        import sys
+
+        from tqdm import tqdm
+
+        folder = self.out / where
+        folder.mkdir(parents=True, exist_ok=True)
+        named = cell_names(cells)
+        results: dict[str, dict[str, Any]] = {}
+        bar = tqdm(total=len(named), desc=f"cells of {self.out.name}/{where}", unit="cell", disable=not self.progress,
+                   mininterval=1.0 if sys.stderr.isatty() else 30.0)
+        for name, cfg in named.items():
+            path, config = folder / f"{name}.json", cfg.to_dict()
+            saved = json.loads(path.read_text()) if path.exists() else None
+            if saved is None or saved.get("config") != config:
+                saved = {"config": config, **train(name, cfg)}
+                atomic_write_bytes(path, json.dumps(saved, indent=1, default=float).encode())
+            results[name] = saved
+            bar.update(1)
+            bar.set_postfix(cell=name)
+        bar.close()
+        return results
+
     def command(self) -> str:
         """The `workbench study` command line that (re)makes this study."""
         parts = [f"workbench study {self.study} --scale {self.scale}"]

@@ -37,10 +37,13 @@ from models.runs import (
     same_recipe,
     verified_weights,
 )
-from tasks import Batch, ConfigError, logits_at_labels, make_task, seeded_generator
+from tasks import Batch, ConfigError, Task, logits_at_labels, make_task, seeded_generator
 
 IDENTITY_SCALARS = ("identity_a", "identity_b")  # models/identity_attention.py
 EVAL_CHUNK = 1000  # samples per evaluation forward pass; bounds memory on long sequences
+# seed offsets of a run's data, from train.seed: training batches use the seed itself
+EVAL_SEED_OFFSET = 1_000_003  # the evaluation batch (test split)
+TRAIN_SET_SEED_OFFSET = 2_000_003  # the fixed training set of train.n_train
 
 
 class TrainingDiverged(RuntimeError):
@@ -182,6 +185,27 @@ def starting_weights(cfg: RunConfig, model: torch.nn.Module, source: Path) -> tu
     return tensors, record
 
 
+def evaluation_batch(task: Task, train: TrainConfig) -> Batch:
+    """The run's fixed held-out batch (`eval_size` strings of the test split), from its own seed,
+    so it is the same however training is split, and for any model trained with this config."""
+    return task.sample(train.eval_size, seeded_generator(train.seed + EVAL_SEED_OFFSET), split="test")
+
+
+def training_set(task: Task, train: TrainConfig) -> Batch | None:
+    """The fixed training set of `train.n_train` samples, or None for fresh data every step."""
+    n = train.n_train
+    return task.sample(n, seeded_generator(train.seed + TRAIN_SET_SEED_OFFSET)) if n else None
+
+
+def next_training_batch(task: Task, train_set: Batch | None, size: int, gen: torch.Generator) -> Batch:
+    """The next training batch, drawn with `gen` (seeded with train.seed at step 0): fresh
+    training-split samples, or rows of the fixed training set drawn with replacement. One
+    function for every trainer of a config, so they see the same batches in the same order."""
+    if train_set is None:
+        return task.sample(size, gen, split="train")
+    return train_set.select(torch.randint(len(train_set), (size,), generator=gen))
+
+
 def supervised_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Cross-entropy over the supervised labels only, read at their label positions."""
     picked = logits_at_labels(logits, batch.label_pos)
@@ -207,10 +231,9 @@ class Trainer:
         seed = cfg.train.seed
         self.data_gen, self.depth_gen = seeded_generator(seed), seeded_generator(seed + 1)
         # evaluation data comes from its own seeds, so it is the same however training is split
-        self.eval_batch = self.task.sample(cfg.train.eval_size, seeded_generator(seed + 1_000_003), split="test")
+        self.eval_batch = evaluation_batch(self.task, cfg.train)
         self._check_stop_rule_metrics()
-        n_train = cfg.train.n_train
-        self.train_set = self.task.sample(n_train, seeded_generator(seed + 2_000_003)) if n_train else None
+        self.train_set = training_set(self.task, cfg.train)
         # the training loss is summed on the device and read at evaluations and checkpoints only,
         # so a GPU never waits for the host within a step
         self.step, self.loss_count, self.elapsed = 0, 0, 0.0
@@ -310,12 +333,8 @@ class Trainer:
         self.folder.write_mimic({"steps": len(losses), "final_loss": losses[-1], "loss": losses[:: max(1, len(losses) // 100)]})
 
     def _next_batch(self) -> Batch:
-        size = self.cfg.train.batch_size
-        if self.train_set is None:
-            batch = self.task.sample(size, self.data_gen, split="train")
-        else:
-            batch = self.train_set.select(torch.randint(len(self.train_set), (size,), generator=self.data_gen))
-        return to_device(batch, self.device)
+        return to_device(next_training_batch(self.task, self.train_set, self.cfg.train.batch_size, self.data_gen),
+                         self.device)
 
     def _train_step(self, batch: Batch) -> None:
         self.model.train()

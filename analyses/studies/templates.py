@@ -7,6 +7,10 @@ in training, how many training symbols does it need, and does identity-augmented
   factor by which the augmented model needs fewer symbols for a given test loss.
 - templates-copy-width: the copy template (`a = q ; print a -> q`); per width d_model, the
   smallest n with test error < 0.05, plain vs augmented.
+- templates-mlp-control: the paper's MLP control of finding 1: a plain MLP over the
+  concatenated token embeddings (models/mlp_control.py) on the templates-efficiency cells' data
+  stream, schedule and test batch, per n and seed; once with the transformer's own frozen random
+  embeddings, once with one-hot symbols (the paper's inputs).
 - templates-heads: augmented (and plain) models on same-different and binding: head scores
   (does a head attend to the repeat of its symbol?), the learned a_h, b_h, per-layer and per-head
   patching, and how much accuracy is lost when the identity terms are switched off.
@@ -32,6 +36,7 @@ from interp.attention import classify_heads
 from interp.patching import activation_patch, logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
 from models.config import ModelConfig, RunConfig, TrainConfig
+from models.mlp_control import train_mlp_control
 from models.runs import load_run
 from tasks import TemplatesConfig, logits_at_labels, seeded_generator
 
@@ -180,6 +185,50 @@ def _jsonable(curves: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# templates-mlp-control
+
+MLP_EMBEDDINGS = {"mlp": "transformer", "mlp-onehot": "onehot"}  # cell kind -> models.mlp_control embeddings
+
+
+def run_mlp_control(ctx: StudyContext) -> dict[str, Any]:
+    """Each templates-efficiency plain cell's config (same task, n, seed, steps, batch, lr,
+    test batch, device), trained as an MLP control instead (StudyContext.run_controls: a rerun
+    skips the cells it finished)."""
+    s, started = SCALES[ctx.scale], time.perf_counter()
+    seeds = ctx.seeds_or(s.seeds)
+    template = "same_different"
+    cells = {Cell(kind, seed, (f"n{n}",)): cell_config(ctx.scale, template, n, False, seed)
+             for seed in seeds for kind in MLP_EMBEDDINGS for n in s.ns}
+
+    def train(name: str, cfg: RunConfig) -> dict[str, Any]:
+        return train_mlp_control(cfg, embeddings=MLP_EMBEDDINGS[name.rsplit("-n", 1)[0]])
+
+    results = ctx.run_controls(cells, train, where="mlp")
+
+    def final(kind: str, n: int, seed: int) -> dict[str, Any]:
+        return results[Cell(kind, seed, (f"n{n}",)).name]["final"]
+
+    keys = ("eval_loss", "error", "train_split_acc")
+    curves = {k: {n: {key: _mean_std([float(final(k, n, seed)[key]) for seed in seeds]) for key in keys}
+                  for n in s.ns} for k in MLP_EMBEDDINGS}
+    headline = {"template": template, **{f"{k}_{key}_at_max_n": curves[k][s.ns[-1]][key][0]
+                                         for k in MLP_EMBEDDINGS for key in keys},
+                **{f"{k}_min_error": min(curves[k][n]["error"][0] for n in s.ns) for k in MLP_EMBEDDINGS}}
+    out = {"headline": headline, "curves": _jsonable(curves), "seeds": seeds, "embeddings": MLP_EMBEDDINGS,
+           "cells": {name: {k: r[k] for k in ("final", "history", "seconds", "parameters")} for name, r in results.items()},
+           "seconds": round(time.perf_counter() - started, 1)}
+    rows = [[n, k, "{:.4f} +- {:.4f}".format(*curves[k][n]["eval_loss"]), "{:.3f} +- {:.3f}".format(*curves[k][n]["error"]),
+             "{:.3f}".format(curves[k][n]["train_split_acc"][0])] for n in s.ns for k in MLP_EMBEDDINGS]
+    sections = [
+        ("MLP control: test loss on unseen symbols vs training alphabet size",
+         figure_html(_curve_figure(curves, s.ns), "mean +- std over seeds; mlp: the transformer's frozen random "
+                     "embeddings (d_model wide); mlp-onehot: one-hot symbols")
+         + table_html(rows, ["n", "control", "test loss", "test error", "accuracy on training symbols"])),
+    ]
+    return ctx.finish(f"templates-mlp-control ({ctx.scale})", sections, out)
+
+
+# ---------------------------------------------------------------------------------------------
 # templates-copy-width
 
 
@@ -290,6 +339,8 @@ STUDIES = [
           "identity-augmented attention", run_efficiency),
     Study("templates-copy-width", "copy template: training symbols needed for error < 0.05 per width, plain vs augmented",
           run_copy_width),
+    Study("templates-mlp-control", "same-different on unseen symbols: a plain MLP over the concatenated embeddings "
+          "(transformer's frozen random ones, and one-hot) on the templates-efficiency cells' data", run_mlp_control),
     Study("templates-heads", "augmented models: do heads attend to repeated symbols? head scores, a_h/b_h, patching, "
           "identity terms off", run_heads),
 ]

@@ -26,10 +26,12 @@ BUDGET_FLOP = 600 * H100_FLOPS  # 10 minutes a model
 MIMIC_BATCH = 64  # models.mimic.mimic_attention's batch
 # the models each study trains at gpu scale: LEGO two seeds, depths 8 and 12; composite 2 seeds x
 # 6 gammas x 4 depths, 2 contrast models, 3 lr x 4 weight decays; templates as in templates.SCALES
+# (templates-mlp-control's MLPs are counted as the transformer of their config, a stand-in: the
+# one-hot MLP at gpu scale is ~20M parameters, ~0.3 PFLOP a model)
 N_CELLS = {"lego-extrapolation": 8, "lego-percolation": 4, "lego-stochastic-depth": 4, "lego-mimic": 4,
            "lego-shortcut": 3, "lego-heads": 4, "lego-hardcoded": 6, "lego-s3": 4, "composite-phase": 48,
            "composite-mechanism": 2, "composite-lr-wd": 12, "templates-efficiency": 54, "templates-copy-width": 40,
-           "templates-heads": 4}
+           "templates-heads": 4, "templates-mlp-control": 54}
 _flop_per_sample: dict[str, float] = {}
 
 
@@ -46,6 +48,7 @@ def cells_at_gpu_scale(name, out, monkeypatch) -> dict[str, RunConfig]:
         raise Trained
 
     monkeypatch.setattr(StudyContext, "run_cells", capture)
+    monkeypatch.setattr(StudyContext, "run_controls", lambda ctx, cells, train, where="controls": capture(ctx, cells))
     with pytest.raises(Trained):
         run_study(name, out, "gpu", progress=False)
     return found
