@@ -372,13 +372,16 @@ def patching_at_sites(run: LoadedRun, change: str, n: int = 256, key_pos: int = 
     return {site: [round(v, 3) for v in result.values[:, pos].tolist()] for site, pos in sites.items()}
 
 
-def mechanism_by_key_position(run: LoadedRun, key_positions: Sequence[int] = (2, 6), n: int = 256,
+def mechanism_by_key_position(run: LoadedRun, key_positions: Sequence[int] | None = None, n: int = 256,
                               seed: int = 0) -> dict[int, dict[str, Any]]:
     """The mechanism where the pair sits: per key position, the held-out pair's answers and
     attention flow (test keys at that position) and residual patching for a corrupted key or
     anchor 1 (`patching_at_sites`). With the key at the last position it can take (seq_len - 3),
-    the pair ends the sequence and anchor 2 is the last token."""
+    the pair ends the sequence and anchor 2 is the last token. Default positions: 2 and that last
+    one (6 at seq_len 9)."""
     task: CompositeTask = run.task
+    if key_positions is None:
+        key_positions = (min(2, task.n_key_positions - 1), task.n_key_positions - 1)
     out = {}
     for key_pos in key_positions:
         if not 0 <= key_pos < task.n_key_positions:
@@ -532,17 +535,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", action="store_true",
                         help="measure every finished cell on fresh test-key sequences (--n per pair type), as the phase "
                              "study does, instead of reading its last evaluation")
-    parser.add_argument("--n", type=int, default=SCALES["cpu"].eval_samples,
-                        help=f"with --measure: sequences per pair type (default {SCALES['cpu'].eval_samples:,}, the cpu "
-                             f"scale's; gpu {SCALES['gpu'].eval_samples:,})")
+    parser.add_argument("--n", type=int, default=None,
+                        help=f"with --measure or --cells: sequences per pair type (default {SCALES['cpu'].eval_samples:,}, "
+                             f"the cpu scale's; gpu {SCALES['gpu'].eval_samples:,}); with --mechanism, sequences per "
+                             "measure (default 256)")
     parser.add_argument("--cells", action="store_true",
                         help="one line per finished cell instead of the phase protocol's (gamma, depth) table: its grid "
                              "point, steps trained, why it stopped, and the verdict on fresh test-key and training-key "
                              "sequences (--n per pair type); SWEEP_DIR may also be a plain folder of run folders")
     parser.add_argument("--mechanism", action="store_true",
-                        help="with --cells: per cell, the mechanism at key positions 2 and 6 (the pair ends the "
-                             "sequence) instead of the verdict: held-out answers, attention flow, residual patching")
+                        help="with --cells: per cell, the mechanism at key position 2 and at the last one (6: the "
+                             "pair ends the sequence) instead of the verdict: held-out answers, attention flow, "
+                             "residual patching")
     args = parser.parse_args(argv)
+    if args.mechanism and not args.cells:
+        parser.error("--mechanism reads cells one by one; add --cells")
     finished, in_progress = args.sweep_dir / "sweep.json", args.sweep_dir / "cells.json"
     if args.cells and not finished.exists() and in_progress.exists():  # the cells a sweep has finished so far
         index = {"cells": json.loads(in_progress.read_text())}
@@ -557,14 +564,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cells and args.mechanism:
         for name, cell in index["cells"].items():
             if cell.get("status") == "done":
-                by_position = mechanism_by_key_position(load_run(args.sweep_dir / name))
+                n = args.n or 256
+                by_position = mechanism_by_key_position(load_run(args.sweep_dir / name), n=n)
                 print(json.dumps({"cell": name, "by_key_position": by_position}))
         return 0
     if args.cells:
-        for name, row in sweep_cell_rows(index, args.sweep_dir, args.n).items():
+        for name, row in sweep_cell_rows(index, args.sweep_dir, args.n or SCALES["cpu"].eval_samples).items():
             print(json.dumps({"cell": name, **row}))
         return 0
-    table = sweep_phase_table(index, args.sweep_dir if args.measure else None, args.n)
+    table = sweep_phase_table(index, args.sweep_dir if args.measure else None, args.n or SCALES["cpu"].eval_samples)
     for cell in table.values():
         print(json.dumps(cell))
     return 0

@@ -354,7 +354,9 @@ def sweep_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
     """Per run under `folders` (e.g. `workbench sweep --preset templates-cpu --grid
     task.n_train_symbols=... model.identity_attention=false,true`): its alphabet size, variant,
     identity lr scale, steps trained and why it stopped, its last evaluation's test loss and
-    error (unseen symbols), and the largest |a_h| and |b_h| of an augmented model."""
+    error (unseen symbols), and the largest |a_h| and |b_h| of an augmented model (read from its
+    weights: for an "unfinished" run, its last checkpoint's, which can be older than its last
+    evaluation)."""
     rows = []
     for folder in (run for where in folders for run in run_folders(where)):
         run = load_run(folder)
@@ -374,9 +376,10 @@ def sweep_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
 
 def sweep_factors(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """`data_factors` of the plain runs against the augmented ones of each identity lr scale
-    (one seed per n: a second run of the same n and variant is refused, not averaged)."""
+    (one seed per n: a second run of the same n and variant is refused, not averaged). Unfinished
+    runs are left out."""
     curves: dict[str, dict[int, float]] = {}
-    for row in rows:
+    for row in (r for r in rows if r["stopped"] != "unfinished"):
         key = "plain" if row["variant"] == "plain" else f"augmented, identity_lr_scale {row['identity_lr_scale']}"
         if row["n"] in curves.setdefault(key, {}):
             raise ValueError(f"two {key} runs with n = {row['n']}; sweep_factors reads one seed per n")

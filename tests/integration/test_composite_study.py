@@ -210,6 +210,10 @@ def test_mechanism_by_key_position_lines_up_the_pair_where_asked(tmp_path, capsy
     assert 0 <= at_end["held_out_inferential"] + at_end["held_out_symmetric"] <= 1
     with pytest.raises(ValueError, match="outside 0..6"):
         mechanism_by_key_position(load_run(tmp_path / "run"), key_positions=(7,))
-    assert main([str(tmp_path), "--cells", "--mechanism"]) == 0
+    with pytest.raises(SystemExit) as refused:
+        main([str(tmp_path), "--mechanism"])  # without --cells
+    assert refused.value.code == 2 and "add --cells" in capsys.readouterr().err
+    assert main([str(tmp_path), "--cells", "--mechanism", "--n", "64"]) == 0
     row = json.loads(capsys.readouterr().out)
+    assert row["by_key_position"]["6"]["patching_key"] == {k: v for k, v in at_end["patching_key"].items()}
     assert row["cell"] == "run" and set(row["by_key_position"]) == {"2", "6"}

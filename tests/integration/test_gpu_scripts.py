@@ -14,8 +14,8 @@ TINY = ("--set train.steps=4 --set train.eval_every=2 --set train.eval_size=64 -
         "--set model.d_model=32 --set model.d_head=16 --set model.d_mlp=64 --set train.checkpoint_every=2")
 
 
-def _run(out: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "CELLS": "0.8:1e-4", "EXTRA": TINY,
+def _run(out: Path, python: str = sys.executable) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": python, "DEVICE": "cpu", "CELLS": "0.8:1e-4", "EXTRA": TINY,
            "PYTHONPATH": str(ROOT)}
     return subprocess.run(["bash", str(ROOT / "analyses/gpu/composite_paper.sh"), str(out)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
@@ -36,3 +36,18 @@ def test_composite_paper_script_trains_the_paper_preset_and_resumes(tmp_path):
     assert (run / "metrics.jsonl").read_text() == metrics  # a new run would have written new elapsed times
     assert (run / "model.safetensors").stat().st_mtime_ns == weights_written
     assert "error" not in (tmp_path / "d2-g0.8-lr1e-4.log").read_text().lower()  # resumed, not refused
+
+
+def test_a_resumed_run_that_dies_keeps_its_checkpoint(tmp_path):
+    """A run with a checkpoint whose resume fails is left in place for the next call, not moved
+    aside and trained again from step 0 (which would throw its steps away)."""
+    assert _run(tmp_path).returncode == 0
+    run = tmp_path / "d2-g0.8-lr1e-4"
+    metrics = (run / "metrics.jsonl").read_text()
+    failing = tmp_path / "python-that-cannot-resume"
+    failing.write_text(f'#!/bin/bash\nfor a in "$@"; do [ "$a" = --resume ] && exit 1; done\nexec {sys.executable} "$@"\n')
+    failing.chmod(0o755)
+    again = _run(tmp_path, str(failing))
+    assert "has a checkpoint: left as it is" in again.stdout
+    assert (run / "metrics.jsonl").read_text() == metrics
+    assert not list(tmp_path.glob("*.failed*"))

@@ -70,6 +70,8 @@ def test_sweep_reader_lists_each_run_and_the_factor_per_identity_lr_scale(tmp_pa
     assert "max_abs_a_h" not in rows["plain-8"]
     factors = sweep_factors(list(rows.values()))
     assert sorted(factors) == ["augmented, identity_lr_scale 1.0", "augmented, identity_lr_scale 10.0"]
+    unfinished = {**rows["plain-4"], "n": 2, "test_loss": 0.0, "stopped": "unfinished"}  # left out, not counted
+    assert sweep_factors([*rows.values(), unfinished]) == factors
     with pytest.raises(ValueError, match="two plain runs with n = 4"):
         sweep_factors([*rows.values(), rows["plain-4"]])
     assert main([str(tmp_path), str(tmp_path / "lr10")]) == 0
