@@ -300,7 +300,10 @@ def _schema_problem(data: Any) -> str | None:
 
 
 def upgraded(data: dict[str, Any]) -> dict[str, Any]:
-    """An analysis.json of any schema up to SCHEMA in the form of SCHEMA, one version at a time."""
+    """An analysis.json of any schema up to SCHEMA in the form of SCHEMA, one version at a time;
+    `data` itself is left as it was."""
+    if data.get("schema", 1) < SCHEMA:
+        data = copy.deepcopy(data)  # the upgrades fill fields in place
     for version in range(data.get("schema", 1), SCHEMA):
         data = UPGRADES[version](data)
     return data

@@ -283,7 +283,7 @@ def test_a_schema_1_analysis_json_is_read_upgraded_and_renders(tmp_path, task):
     """analysis.json files written before the schema key (tests/data, 9f7496e) read as the current
     schema, every value of theirs kept, and render every section; so do the first writers' files,
     which lack the later fields."""
-    from interp.analysis import SCHEMA, read_analysis
+    from interp.analysis import SCHEMA, read_analysis, upgraded
 
     before = json.loads((DATA / f"analysis-9f7496e-{task}.json").read_text())
     (tmp_path / "analysis.json").write_text(json.dumps(before))
@@ -299,6 +299,8 @@ def test_a_schema_1_analysis_json_is_read_upgraded_and_renders(tmp_path, task):
     del oldest["probes"], oldest["heads"]["planted"]
     for key in OLDEST_GAPS:
         del oldest["patching"][key]
+    as_read = json.loads(json.dumps(oldest))
+    assert upgraded(oldest) != oldest and oldest == as_read  # upgrading fills a copy, not the caller's dict
     (tmp_path / "analysis.json").write_text(json.dumps(oldest))
     read = read_analysis(tmp_path)
     spearman = before["patching"]["heads_attribution_spearman"]
