@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
-import torch
 
 from analyses.study import Scales, Study, StudyContext, run_folders
 from analyses.sweep import CellResult, grid_cells, grid_points
@@ -32,6 +31,7 @@ from interp.complexity import embedding_spectrum, leading_share, query_condensat
 from interp.patching import logit_diff_metric, patch_residual
 from interp.report import figure_html, table_html
 from interp.tasks.composite import (
+    _held_out_pairs,
     classify_composite,
     composite_attention_flow,
     composite_probe_map,
@@ -387,9 +387,7 @@ def mechanism_by_key_position(run: LoadedRun, key_positions: Sequence[int] | Non
         if not 0 <= key_pos < task.n_key_positions:
             raise ValueError(f"key position {key_pos} is outside 0..{task.n_key_positions - 1}")
         gen = seeded_generator(seed)
-        held_ids = task.is_held_out.nonzero()[:, 0]
-        held = task.sample(n, gen, split="test", pair_ids=held_ids[torch.randint(len(held_ids), (n,), generator=gen)],
-                           key_pos=key_pos)
+        held = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen), key_pos=key_pos)
         answer = predictions(run.model, held)[:, 0]
         out[key_pos] = {
             "held_out_inferential": round((answer == held.latents["inferential"]).float().mean().item(), 3),
