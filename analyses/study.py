@@ -212,6 +212,13 @@ def run_folders(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if (p / "config.json").is_file() and (p / "model.safetensors").is_file())
 
 
+def how_it_ended(last: Mapping[str, Any], step: int | None, budget: int) -> str:
+    """Why a run's training ended, from its last metrics record `last`: the stop rule's reason
+    (e.g. "plateau"), "budget" when `step` is its last step, or "unfinished" (killed, or still
+    training)."""
+    return last.get("stopped") or ("budget" if step == budget else "unfinished")
+
+
 def default_out(name: str, scale: str) -> Path:
     return Path("runs/studies") / f"{name}-{scale}"
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from analyses.study import Scales, Study, StudyContext, run_folders
+from analyses.study import Scales, Study, StudyContext, how_it_ended, run_folders
 from analyses.sweep import CellResult, grid_cells, grid_points
 from interp.analysis import predictions
 from interp.complexity import embedding_spectrum, leading_share, query_condensation
@@ -273,9 +273,8 @@ def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = SCALES["cpu
         # the step of the weights measured: an unfinished run's last checkpoint, which may come
         # before its last evaluation
         step, budget = run.weights.step if run.weights else last.get("step"), run.config.train.steps
-        stopped = last.get("stopped") or ("budget" if step == budget else "unfinished")
         rows[name] = {**cell["point"], "init_std": None if gamma is None else round(width ** -gamma, 5),
-                      "steps": step, "of_steps": budget, "stopped": stopped,
+                      "steps": step, "of_steps": budget, "stopped": how_it_ended(last, step, budget),
                       **{k: verdict[k] for k in ("verdict", "seen_accuracy", "held_out_inferential", "held_out_symmetric",
                                                  "held_out_by_key_position")},
                       **held_out_on_training_keys(run.model, run.task, n=n)}
@@ -562,15 +561,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cells and args.mechanism:
         for name, cell in index["cells"].items():
             if cell.get("status") == "done":
-                n = args.n or 256
-                by_position = mechanism_by_key_position(load_run(args.sweep_dir / name), n=n)
+                by_position = mechanism_by_key_position(load_run(args.sweep_dir / name), n=args.n or 256)
                 print(json.dumps({"cell": name, "by_key_position": by_position}))
         return 0
+    n = args.n or SCALES["cpu"].eval_samples
     if args.cells:
-        for name, row in sweep_cell_rows(index, args.sweep_dir, args.n or SCALES["cpu"].eval_samples).items():
+        for name, row in sweep_cell_rows(index, args.sweep_dir, n).items():
             print(json.dumps({"cell": name, **row}))
         return 0
-    table = sweep_phase_table(index, args.sweep_dir if args.measure else None, args.n or SCALES["cpu"].eval_samples)
+    table = sweep_phase_table(index, args.sweep_dir if args.measure else None, n)
     for cell in table.values():
         print(json.dumps(cell))
     return 0

@@ -31,7 +31,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import torch
 
-from analyses.study import Cell, Scales, Study, StudyContext, run_folders
+from analyses.study import Cell, Scales, Study, StudyContext, how_it_ended, run_folders
 from interp.attention import classify_heads
 from interp.patching import activation_patch, logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
@@ -365,7 +365,7 @@ def sweep_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
         row = {"run": str(folder), "template": cfg.task.template, "n": cfg.task.n_train_symbols,
                "variant": "augmented" if augmented else "plain", "identity_lr_scale": cfg.train.identity_lr_scale,
                "steps": last.get("step"), "of_steps": cfg.train.steps,
-               "stopped": last.get("stopped") or ("budget" if last.get("step") == cfg.train.steps else "unfinished"),
+               "stopped": how_it_ended(last, last.get("step"), cfg.train.steps),
                "test_loss": last.get("eval_loss"), "test_error": last.get("error")}
         if augmented:
             for name, param in (("max_abs_a_h", "identity_a"), ("max_abs_b_h", "identity_b")):
