@@ -32,11 +32,13 @@ from interp.patching import logit_diff_metric, patch_residual
 from interp.report import figure_html, table_html
 from interp.tasks.composite import (
     _held_out_pairs,
+    anchor_order_sensitivity,
     classify_composite,
     composite_attention_flow,
     composite_probe_map,
     composite_verdict,
     held_out_on_training_keys,
+    pair_route_at_last,
 )
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
@@ -375,9 +377,11 @@ def mechanism_by_key_position(run: LoadedRun, key_positions: Sequence[int] | Non
                               seed: int = 0) -> dict[int, dict[str, Any]]:
     """The mechanism where the pair sits: per key position, the held-out pair's answers and
     attention flow (test keys at that position) and residual patching for a corrupted key or
-    anchor 1 (`patching_at_sites`). With the key at the last position it can take (seq_len - 3),
-    the pair ends the sequence and anchor 2 is the last token. Default positions: 2 and that last
-    one (6 at seq_len 9)."""
+    anchor 1 (`patching_at_sites`), whether the anchors' order survives to each layer
+    (`anchor_order_sensitivity`) and which layer's attention carries the pair to the last token
+    (`pair_route_at_last`). With the key at the last position it can take (seq_len - 3), the pair
+    ends the sequence and anchor 2 is the last token. Default positions: 2 and that last one (6
+    at seq_len 9)."""
     task: CompositeTask = run.task
     if key_positions is None:
         key_positions = (min(2, task.n_key_positions - 1), task.n_key_positions - 1)
@@ -394,6 +398,8 @@ def mechanism_by_key_position(run: LoadedRun, key_positions: Sequence[int] | Non
             "attention": composite_attention_flow(run.model, held),
             "patching_key": patching_at_sites(run, "key", n=n, key_pos=key_pos, seed=seed),
             "patching_anchor1": patching_at_sites(run, "anchor1", n=n, key_pos=key_pos, seed=seed),
+            "order_swapped": anchor_order_sensitivity(run.model, task, key_pos, n=n, seed=seed),
+            "pair_route_at_last": pair_route_at_last(run.model, task, key_pos, n=n, seed=seed),
         }
     return out
 

@@ -36,7 +36,7 @@ from interp.report import table_html
 from models.presets import composite_cpu, register_preset
 from models.runs import LoadedRun
 from tasks import Batch, CompositeTask, seeded_generator
-from tasks.base import uniform_choice
+from tasks.base import logits_at_labels, uniform_choice
 
 SEEN_ACCURACY_TO_COUNT = 0.9  # below it a composite cell counts as not learned (PAPERS.md)
 COMPOSITE_SITES = ("key", "anchor1", "anchor2", "last")
@@ -165,6 +165,73 @@ def last_token_similarity(model: HookedTransformer, task: CompositeTask, batch: 
     same = F.cosine_similarity(base, _last_residual(model, twin.tokens), dim=-1)[in_range].mean().item()
     different = F.cosine_similarity(base, _last_residual(model, shifted.tokens), dim=-1)[in_range].mean().item()
     return same, different
+
+
+@torch.no_grad()
+def anchor_order_sensitivity(model: HookedTransformer, task: CompositeTask, key_pos: int, n: int = 256,
+                             seed: int = 0) -> dict[str, list[float]]:
+    """Whether the anchors' order survives, layer by layer: on held-out pairs (test keys, the key
+    at `key_pos`), the distance between each residual and its twin with the two anchors swapped,
+    over the distance to a twin with another pair (a trained pair that is neither order of the
+    same two anchors), per layer's resid_post at anchor 2 and the last token. 0: the twins are
+    the same there (the anchors arrive without their order); about 1 or more: swapping the order
+    moves the residual as far as changing the pair. Where the pair ends the sequence, anchor 2 is
+    the last token."""
+    gen = seeded_generator(seed)
+    batch = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen), key_pos=key_pos)
+    pairs = torch.tensor(task.pairs)
+    mirror = torch.tensor([task.pairs.index((a2, a1)) for a1, a2 in task.pairs])
+    pair = batch.latents["pair"]
+    same_set = (pairs.unsqueeze(0).sort(-1).values == pairs[pair].sort(-1).values.unsqueeze(1)).all(-1)
+    other = uniform_choice(~task.is_held_out.unsqueeze(0) & ~same_set, gen)
+    swapped = task.build({**batch.latents, "pair": mirror[pair]})
+    changed = task.build({**batch.latents, "pair": other})
+    names = [f"blocks.{layer}.hook_resid_post" for layer in range(model.cfg.n_layers)]
+    device = next(model.parameters()).device
+    caches = [model.run_with_cache(b.tokens.to(device), names_filter=lambda name: name in names)[1]
+              for b in (batch, swapped, changed)]
+    sites = {"anchor2": key_pos + 2, "last": task.cfg.seq_len - 1}
+    out = {}
+    for site, pos in sites.items():
+        ratios = []
+        for name in names:
+            base, swap, change = (cache[name][:, pos].cpu() for cache in caches)
+            ratios.append(round(((base - swap).norm(dim=-1).mean() / (base - change).norm(dim=-1).mean()).item(), 3))
+        out[site] = ratios
+    return out
+
+
+@torch.no_grad()
+def pair_route_at_last(model: HookedTransformer, task: CompositeTask, key_pos: int, n: int = 256,
+                       seed: int = 0) -> dict[str, list[float]]:
+    """Whether the pair reaches the answer through the last token's own attention: on trained
+    pairs (test keys, the key at `key_pos`), each layer's attention output at the last token is
+    patched in from a twin with another trained pair of another shift (same key, same noise).
+    Per layer, the share of answers that follow the twin's pair (key + its shift) and the share
+    that keep the clean answer. A layer whose patch makes the answers follow the twin carries
+    the pair to the last token there; where the pair ends the sequence, the last token is anchor
+    2 itself and its attention reads anchor 1 and the key."""
+    gen = seeded_generator(seed)
+    batch = task.sample(n, gen, split="test", pair_ids=_trained_pairs(task, n, gen), key_pos=key_pos)
+    pair, key = batch.latents["pair"], batch.latents["key"]
+    shift = task.trained_shift
+    other = uniform_choice(~task.is_held_out.unsqueeze(0) & (shift.unsqueeze(0) != shift[pair].unsqueeze(1)), gen)
+    twin = task.build({**batch.latents, "pair": other})
+    device = next(model.parameters()).device
+    names = [f"blocks.{layer}.hook_attn_out" for layer in range(model.cfg.n_layers)]
+    _, cache = model.run_with_cache(twin.tokens.to(device), names_filter=lambda name: name in names)
+    last = task.cfg.seq_len - 1
+    follow, keep = [], []
+    for name in names:
+        def patch(value: Tensor, hook: Any, name: str = name) -> Tensor:
+            value[:, last] = cache[name][:, last]
+            return value
+
+        logits = model.run_with_hooks(batch.tokens.to(device), fwd_hooks=[(name, patch)])
+        answer = logits_at_labels(logits, batch.label_pos.to(device))[:, 0].argmax(-1).cpu()
+        follow.append(round((answer == key + shift[other]).float().mean().item(), 3))
+        keep.append(round((answer == key + shift[pair]).float().mean().item(), 3))
+    return {"follows_twin": follow, "keeps_clean": keep}
 
 
 def _other_trained_pair(task: CompositeTask, pair: Tensor, gen: torch.Generator) -> Tensor:

@@ -208,6 +208,8 @@ def test_mechanism_by_key_position_lines_up_the_pair_where_asked(tmp_path, capsy
     # before the first block only the corrupted token's own residual restores the answer
     assert [at_end["patching_key"][site][0] for site in ("key", "anchor1", "anchor2")] == [1.0, 0.0, 0.0]
     assert 0 <= at_end["held_out_inferential"] + at_end["held_out_symmetric"] <= 1
+    assert at_end["order_swapped"]["last"] == at_end["order_swapped"]["anchor2"]
+    assert all(len(v) == 2 for v in at_end["pair_route_at_last"].values())  # one share per layer
     with pytest.raises(ValueError, match="outside 0..6"):
         mechanism_by_key_position(load_run(tmp_path / "run"), key_positions=(7,))
     with pytest.raises(SystemExit) as refused:
