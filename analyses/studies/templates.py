@@ -362,7 +362,7 @@ def sweep_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
         run = load_run(folder)
         cfg, last = run.config, (run.metrics or [{}])[-1]
         augmented = cfg.model.identity_attention
-        row = {"run": str(folder), "template": cfg.task.template, "n": cfg.task.n_train_symbols,
+        row = {"run": str(folder), "template": cfg.task.template, "d_model": cfg.model.d_model, "n": cfg.task.n_train_symbols,
                "variant": "augmented" if augmented else "plain", "identity_lr_scale": cfg.train.identity_lr_scale,
                "steps": last.get("step"), "of_steps": cfg.train.steps,
                "stopped": how_it_ended(last, last.get("step"), cfg.train.steps),
@@ -374,24 +374,38 @@ def sweep_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
     return rows
 
 
-def sweep_factors(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """`data_factors` of the plain runs against the augmented ones of each identity lr scale
-    (one seed per n: a second run of the same n and variant is refused, not averaged). Unfinished
-    runs are left out."""
-    curves: dict[str, dict[int, float]] = {}
+def sweep_factors(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per template and width, and per identity lr scale of the augmented runs: `data_factors` of
+    the plain runs against the augmented ones, and the smallest n at which each variant's test
+    error is below ERROR_TARGET (None: at no n; templates-copy-width's measure). One seed per n:
+    a second run of the same n, variant and width is refused, not averaged. Unfinished runs are
+    left out."""
+    curves: dict[tuple[str, int], dict[str, dict[int, dict[str, Any]]]] = {}
     for row in (r for r in rows if r["stopped"] != "unfinished"):
-        key = "plain" if row["variant"] == "plain" else f"augmented, identity_lr_scale {row['identity_lr_scale']}"
-        if row["n"] in curves.setdefault(key, {}):
-            raise ValueError(f"two {key} runs with n = {row['n']}; sweep_factors reads one seed per n")
-        curves[key][row["n"]] = row["test_loss"]
-    plain = curves.pop("plain", {})
-    return {key: data_factors({"plain": plain, "augmented": curve}) for key, curve in curves.items()}
+        variant = "plain" if row["variant"] == "plain" else f"identity_lr_scale {row['identity_lr_scale']}"
+        curve = curves.setdefault((row["template"], row["d_model"]), {}).setdefault(variant, {})
+        if row["n"] in curve:
+            raise ValueError(f"two {row['variant']} runs ({variant}) of {row['template']} at d_model {row['d_model']} "
+                             f"with n = {row['n']}; sweep_factors reads one seed per n")
+        curve[row["n"]] = row
+    out = []
+    for (template, width), variants in curves.items():
+        plain = variants.pop("plain", {})
+        for variant, augmented in variants.items():
+            needed = {name: min((n for n, r in sorted(c.items()) if (r["test_error"] or 1.0) < ERROR_TARGET), default=None)
+                      for name, c in (("plain", plain), ("augmented", augmented))}
+            out.append({"template": template, "d_model": width, "augmented": variant,
+                        "factors": data_factors({"plain": {n: r["test_loss"] for n, r in plain.items()},
+                                                 "augmented": {n: r["test_loss"] for n, r in augmented.items()}}),
+                        f"n_to_error_below_{ERROR_TARGET}": needed})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m analyses.studies.templates SWEEP_DIR...`: one line per templates run (n, variant,
-    steps, test loss and error on unseen symbols, |a_h|, |b_h|), then the data-efficiency factors
-    of plain vs augmented (per identity lr scale)."""
+    """`python -m analyses.studies.templates SWEEP_DIR...`: one line per templates run (n, width,
+    variant, steps, test loss and error on unseen symbols, |a_h|, |b_h|), then per template and
+    width the data-efficiency factors of plain vs augmented (per identity lr scale) and the
+    smallest n with test error below 0.05."""
     import argparse
     import json
     import sys
@@ -408,10 +422,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no run folder (config.json with model.safetensors) under {', '.join(map(str, args.sweep_dirs))}",
               file=sys.stderr)
         return 2
-    for row in sorted(rows, key=lambda r: (r["n"], r["variant"], r["identity_lr_scale"])):
+    for row in sorted(rows, key=lambda r: (r["template"], r["d_model"], r["n"], r["variant"], r["identity_lr_scale"])):
         print(json.dumps(row))
-    for key, factors in sweep_factors(rows).items():
-        print(json.dumps({"factors": key, "rows": factors}))
+    for factors in sweep_factors(rows):
+        print(json.dumps(factors))
     return 0
 
 

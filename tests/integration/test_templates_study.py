@@ -69,13 +69,21 @@ def test_sweep_reader_lists_each_run_and_the_factor_per_identity_lr_scale(tmp_pa
     assert rows["aug-8"]["max_abs_a_h"] == round(max(b.attn.identity_a.abs().max().item() for b in model.blocks), 4)
     assert "max_abs_a_h" not in rows["plain-8"]
     factors = sweep_factors(list(rows.values()))
-    assert sorted(factors) == ["augmented, identity_lr_scale 1.0", "augmented, identity_lr_scale 10.0"]
+    assert [(f["template"], f["d_model"], f["augmented"]) for f in factors] == [
+        ("same_different", 16, "identity_lr_scale 1.0"), ("same_different", 16, "identity_lr_scale 10.0")]
     unfinished = {**rows["plain-4"], "n": 2, "test_loss": 0.0, "stopped": "unfinished"}  # left out, not counted
     assert sweep_factors([*rows.values(), unfinished]) == factors
-    with pytest.raises(ValueError, match="two plain runs with n = 4"):
+    with pytest.raises(ValueError, match="two plain runs .* with n = 4"):
         sweep_factors([*rows.values(), rows["plain-4"]])
+    # another width is a group of its own, not a second n = 4; its n for error < 0.05 is read per variant
+    wider = [{**rows["plain-4"], "d_model": 32, "test_error": 0.2}, {**rows["plain-8"], "d_model": 32, "test_error": 0.01},
+             {**rows["aug-4"], "d_model": 32, "test_error": 0.04}, {**rows["aug-8"], "d_model": 32, "test_error": 0.3}]
+    by_width = {(f["d_model"], f["augmented"]): f for f in sweep_factors([*rows.values(), *wider])}
+    assert by_width[(16, "identity_lr_scale 1.0")] == factors[0]
+    assert by_width[(32, "identity_lr_scale 1.0")]["n_to_error_below_0.05"] == {"plain": 8, "augmented": 4}
+    assert (32, "identity_lr_scale 10.0") not in by_width  # no plain-vs-lr10 pair at that width
     assert main([str(tmp_path), str(tmp_path / "lr10")]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
-    assert len(printed) == 5 + 2 and json.loads(printed[-1])["factors"].startswith("augmented")
+    assert len(printed) == 5 + 2 and json.loads(printed[-1])["augmented"] == "identity_lr_scale 10.0"
     assert main([str(tmp_path / "lr10" / "aug-4")]) == 2  # a run folder, not a folder of runs
     assert main([str(tmp_path / "nowhere")]) == 2
