@@ -392,7 +392,8 @@ def sweep_factors(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (template, width), variants in curves.items():
         plain = variants.pop("plain", {})
         for variant, augmented in variants.items():
-            needed = {name: min((n for n, r in sorted(c.items()) if (r["test_error"] or 1.0) < ERROR_TARGET), default=None)
+            needed = {name: min((n for n, r in sorted(c.items())
+                                 if r["test_error"] is not None and r["test_error"] < ERROR_TARGET), default=None)
                       for name, c in (("plain", plain), ("augmented", augmented))}
             out.append({"template": template, "d_model": width, "augmented": variant,
                         "factors": data_factors({"plain": {n: r["test_loss"] for n, r in plain.items()},

@@ -77,7 +77,7 @@ def test_sweep_reader_lists_each_run_and_the_factor_per_identity_lr_scale(tmp_pa
         sweep_factors([*rows.values(), rows["plain-4"]])
     # another width is a group of its own, not a second n = 4; its n for error < 0.05 is read per variant
     wider = [{**rows["plain-4"], "d_model": 32, "test_error": 0.2}, {**rows["plain-8"], "d_model": 32, "test_error": 0.01},
-             {**rows["aug-4"], "d_model": 32, "test_error": 0.04}, {**rows["aug-8"], "d_model": 32, "test_error": 0.3}]
+             {**rows["aug-4"], "d_model": 32, "test_error": 0.0}, {**rows["aug-8"], "d_model": 32, "test_error": 0.3}]
     by_width = {(f["d_model"], f["augmented"]): f for f in sweep_factors([*rows.values(), *wider])}
     assert by_width[(16, "identity_lr_scale 1.0")] == factors[0]
     assert by_width[(32, "identity_lr_scale 1.0")]["n_to_error_below_0.05"] == {"plain": 8, "augmented": 4}
