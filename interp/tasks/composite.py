@@ -22,7 +22,7 @@ import einops
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
@@ -169,21 +169,24 @@ def last_token_similarity(model: HookedTransformer, task: CompositeTask, batch: 
 
 @torch.no_grad()
 def anchor_order_sensitivity(model: HookedTransformer, task: CompositeTask, key_pos: int, n: int = 256,
-                             seed: int = 0) -> dict[str, list[float]]:
+                             seed: int = 0) -> dict[str, list[float | None]]:
     """Whether the anchors' order survives, layer by layer: on held-out pairs (test keys, the key
     at `key_pos`), the distance between each residual and its twin with the two anchors swapped,
     over the distance to a twin with another pair (a trained pair that is neither order of the
     same two anchors), per layer's resid_post at anchor 2 and the last token. 0: the twins are
     the same there (the anchors arrive without their order); about 1 or more: swapping the order
-    moves the residual as far as changing the pair. Where the pair ends the sequence, anchor 2 is
-    the last token."""
+    moves the residual as far as changing the pair (None where changing the pair moves nothing).
+    Where the pair ends the sequence, anchor 2 is the last token, and its own token changes under
+    the swap, so the ratio there is large by construction."""
     gen = seeded_generator(seed)
     batch = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen), key_pos=key_pos)
     pairs = torch.tensor(task.pairs)
     mirror = torch.tensor([task.pairs.index((a2, a1)) for a1, a2 in task.pairs])
     pair = batch.latents["pair"]
+    if (mirror[pair] == pair).any():
+        raise ValueError("a held-out pair with two equal anchors is its own mirror: swapping them changes nothing")
     same_set = (pairs.unsqueeze(0).sort(-1).values == pairs[pair].sort(-1).values.unsqueeze(1)).all(-1)
-    other = uniform_choice(~task.is_held_out.unsqueeze(0) & ~same_set, gen)
+    other = _choose(~task.is_held_out.unsqueeze(0) & ~same_set, gen, "a trained pair of two other anchors")
     swapped = task.build({**batch.latents, "pair": mirror[pair]})
     changed = task.build({**batch.latents, "pair": other})
     names = [f"blocks.{layer}.hook_resid_post" for layer in range(model.cfg.n_layers)]
@@ -191,14 +194,22 @@ def anchor_order_sensitivity(model: HookedTransformer, task: CompositeTask, key_
     caches = [model.run_with_cache(b.tokens.to(device), names_filter=lambda name: name in names)[1]
               for b in (batch, swapped, changed)]
     sites = {"anchor2": key_pos + 2, "last": task.cfg.seq_len - 1}
-    out = {}
+    out: dict[str, list[float | None]] = {}
     for site, pos in sites.items():
-        ratios = []
+        ratios: list[float | None] = []
         for name in names:
             base, swap, change = (cache[name][:, pos].cpu() for cache in caches)
-            ratios.append(round(((base - swap).norm(dim=-1).mean() / (base - change).norm(dim=-1).mean()).item(), 3))
+            moved = (base - change).norm(dim=-1).mean()  # 0 only if the site does not see the anchors at all
+            ratios.append(round(((base - swap).norm(dim=-1).mean() / moved).item(), 3) if moved > 0 else None)
         out[site] = ratios
     return out
+
+
+def _choose(allowed: Bool[Tensor, "batch n"], gen: torch.Generator, what: str) -> Int[Tensor, " batch"]:
+    """`uniform_choice`, refusing rows with nothing to choose (it would silently give index 0)."""
+    if not allowed.any(-1).all():
+        raise ValueError(f"this task has no {what} for some rows")
+    return uniform_choice(allowed, gen)
 
 
 @torch.no_grad()
@@ -215,23 +226,31 @@ def pair_route_at_last(model: HookedTransformer, task: CompositeTask, key_pos: i
     batch = task.sample(n, gen, split="test", pair_ids=_trained_pairs(task, n, gen), key_pos=key_pos)
     pair, key = batch.latents["pair"], batch.latents["key"]
     shift = task.trained_shift
-    other = uniform_choice(~task.is_held_out.unsqueeze(0) & (shift.unsqueeze(0) != shift[pair].unsqueeze(1)), gen)
+    other = _choose(~task.is_held_out.unsqueeze(0) & (shift.unsqueeze(0) != shift[pair].unsqueeze(1)), gen,
+                    "trained pair of another shift")
     twin = task.build({**batch.latents, "pair": other})
-    device = next(model.parameters()).device
-    names = [f"blocks.{layer}.hook_attn_out" for layer in range(model.cfg.n_layers)]
-    _, cache = model.run_with_cache(twin.tokens.to(device), names_filter=lambda name: name in names)
-    last = task.cfg.seq_len - 1
     follow, keep = [], []
-    for name in names:
-        def patch(value: Tensor, hook: Any, name: str = name) -> Tensor:
-            value[:, last] = cache[name][:, last]
-            return value
-
-        logits = model.run_with_hooks(batch.tokens.to(device), fwd_hooks=[(name, patch)])
-        answer = logits_at_labels(logits, batch.label_pos.to(device))[:, 0].argmax(-1).cpu()
+    for layer in range(model.cfg.n_layers):
+        answer = last_attention_patched(model, batch, twin, layer)
         follow.append(round((answer == key + shift[other]).float().mean().item(), 3))
         keep.append(round((answer == key + shift[pair]).float().mean().item(), 3))
     return {"follows_twin": follow, "keeps_clean": keep}
+
+
+@torch.no_grad()
+def last_attention_patched(model: HookedTransformer, batch: Batch, donor: Batch, layer: int) -> Int[Tensor, " batch"]:
+    """The model's answers on `batch` with `layer`'s attention output at the last position taken
+    from the same rows of `donor` (same length)."""
+    device = next(model.parameters()).device
+    name, last = f"blocks.{layer}.hook_attn_out", batch.tokens.shape[1] - 1
+    _, cache = model.run_with_cache(donor.tokens.to(device), names_filter=name)
+
+    def patch(value: Tensor, hook: Any) -> Tensor:
+        value[:, last] = cache[name][:, last]
+        return value
+
+    logits = model.run_with_hooks(batch.tokens.to(device), fwd_hooks=[(name, patch)])
+    return logits_at_labels(logits, batch.label_pos.to(device))[:, 0].argmax(-1).cpu()
 
 
 def _other_trained_pair(task: CompositeTask, pair: Tensor, gen: torch.Generator) -> Tensor:

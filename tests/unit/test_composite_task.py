@@ -113,19 +113,35 @@ def test_anchor_order_is_lost_where_the_last_token_pools_the_anchors_blind_to_po
     assert anchor_order_sensitivity(model, task, key_pos=2, n=64)["last"][0] > 0.01  # positions keep the order
 
 
-def test_pair_route_sees_no_pair_through_a_silent_attention_layer():
-    """A layer whose attention writes nothing (W_O = 0) carries no pair: patching it from the
-    twin leaves every answer as it was. The shares are measured against the answers computed
-    here without the patch."""
+def test_last_attention_patch_takes_the_donor_rows_at_the_last_position_of_the_named_layer():
+    """With every MLP and layer 1's attention silenced, the last token's final residual is its own
+    embedding plus layer 0's attention output there. Patching that output from a donor that
+    differs only at the anchors gives exactly the donor's answers; patching the silent layer 1
+    leaves the clean ones."""
     from interp.analysis import predictions
-    from interp.tasks.composite import _trained_pairs, pair_route_at_last
+    from interp.tasks.composite import _trained_pairs, last_attention_patched
 
     model, task = _uniform_reader(n_layers=2, positions=True)
     with torch.no_grad():
-        model.blocks[0].attn.W_O.zero_()
-    route = pair_route_at_last(model, task, key_pos=2, n=64)
+        for block in model.blocks:
+            block.mlp.W_out.zero_()
+            block.mlp.b_out.zero_()
+        model.blocks[1].attn.W_O.zero_()
+        model.blocks[0].attn.W_Q.normal_()  # attention that depends on the tokens, not uniform
+        model.blocks[0].attn.W_K.normal_()
     gen = torch.Generator().manual_seed(0)
     batch = task.sample(64, gen, split="test", pair_ids=_trained_pairs(task, 64, gen), key_pos=2)
-    clean = (predictions(model, batch)[:, 0] == batch.labels[:, 0]).float().mean().item()
-    assert route["keeps_clean"][0] == pytest.approx(clean, abs=1e-3)
-    assert all(0 <= f + k <= 1 for f, k in zip(route["follows_twin"], route["keeps_clean"]))
+    donor = task.build({**batch.latents, "pair": _trained_pairs(task, 64, gen)})
+    clean, theirs = predictions(model, batch)[:, 0], predictions(model, donor)[:, 0]
+    assert not torch.equal(clean, theirs)  # the anchors matter to this model, so the check can fail
+    assert torch.equal(last_attention_patched(model, batch, donor, layer=0), theirs)
+    assert torch.equal(last_attention_patched(model, batch, donor, layer=1), clean)
+
+
+def test_order_and_route_refuse_what_they_cannot_measure():
+    from interp.tasks.composite import anchor_order_sensitivity
+
+    model, _ = _uniform_reader()
+    task = CompositeTask(CompositeConfig(held_out=["2,2"]))  # its own mirror
+    with pytest.raises(ValueError, match="own mirror"):
+        anchor_order_sensitivity(model, task, key_pos=2, n=16)
