@@ -95,8 +95,8 @@ class CompositeTask(UnpaddedTask):
         self.trained_shift = torch.tensor([overrides.get(p, int(s)) for p, s in zip(self.pairs, self.inferential_shift)])
         held = {parse_pair(p, n) for p in cfg.held_out}
         self.is_held_out = torch.tensor([p in held for p in self.pairs])
-        mirror = [self.pairs.index((a2, a1)) for a1, a2 in self.pairs]
-        self.symmetric_shift = self.trained_shift[mirror]
+        self.mirror = torch.tensor([self.pairs.index((a2, a1)) for a1, a2 in self.pairs])  # pair id -> (a2, a1)'s
+        self.symmetric_shift = self.trained_shift[self.mirror]
         self.n_key_positions = cfg.seq_len - 2
         self._keys_by_split = {s: self._key_table(s) for s in SPLITS}
         max_target = cfg.value_max + max(int(self.trained_shift.max()), int(self.inferential_shift.max()), 0)

@@ -100,6 +100,12 @@ def cell_config(scale: str, template: str, n: int, augmented: bool, seed: int = 
     )
 
 
+def smallest_n_below_target(errors: dict[int, float | None]) -> int | None:
+    """The smallest alphabet size whose test error is below ERROR_TARGET (None, or NaN: not
+    measured); None when no n reaches it."""
+    return min((n for n, error in errors.items() if error is not None and error < ERROR_TARGET), default=None)
+
+
 def _final(results: dict, name: str) -> dict[str, Any]:
     cell = results[name]
     return cell.final if cell.status == "done" else {}
@@ -240,8 +246,7 @@ def run_copy_width(ctx: StudyContext) -> dict[str, Any]:
     errors = {v: {d: {n: float(_final(results, Cell(v, None, (f"d{d}", f"n{n}")).name).get("error", math.nan))
                       for n in s.width_ns}
                   for d in s.widths} for v in VARIANTS}
-    needed = {v: {d: min((n for n in s.width_ns if errors[v][d][n] < ERROR_TARGET), default=None) for d in s.widths}
-              for v in VARIANTS}
+    needed = {v: {d: smallest_n_below_target(errors[v][d]) for d in s.widths} for v in VARIANTS}
     out = {"headline": {"n_needed": {v: {str(d): n for d, n in row.items()} for v, row in needed.items()},
                         "error_target": ERROR_TARGET},
            "errors": {v: {str(d): {str(n): e for n, e in row.items()} for d, row in t.items()} for v, t in errors.items()},
@@ -392,8 +397,7 @@ def sweep_factors(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (template, width), variants in curves.items():
         plain = variants.pop("plain", {})
         for variant, augmented in variants.items():
-            needed = {name: min((n for n, r in sorted(c.items())
-                                 if r["test_error"] is not None and r["test_error"] < ERROR_TARGET), default=None)
+            needed = {name: smallest_n_below_target({n: r["test_error"] for n, r in c.items()})
                       for name, c in (("plain", plain), ("augmented", augmented))}
             out.append({"template": template, "d_model": width, "augmented": variant,
                         "factors": data_factors({"plain": {n: r["test_loss"] for n, r in plain.items()},

@@ -36,7 +36,7 @@ from interp.report import table_html
 from models.presets import composite_cpu, register_preset
 from models.runs import LoadedRun
 from tasks import Batch, CompositeTask, seeded_generator
-from tasks.base import logits_at_labels, uniform_choice
+from tasks.base import uniform_choice
 
 SEEN_ACCURACY_TO_COUNT = 0.9  # below it a composite cell counts as not learned (PAPERS.md)
 COMPOSITE_SITES = ("key", "anchor1", "anchor2", "last")
@@ -180,8 +180,7 @@ def anchor_order_sensitivity(model: HookedTransformer, task: CompositeTask, key_
     the swap, so the ratio there is large by construction."""
     gen = seeded_generator(seed)
     batch = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen), key_pos=key_pos)
-    pairs = torch.tensor(task.pairs)
-    mirror = torch.tensor([task.pairs.index((a2, a1)) for a1, a2 in task.pairs])
+    pairs, mirror = torch.tensor(task.pairs), task.mirror
     pair = batch.latents["pair"]
     if (mirror[pair] == pair).any():
         raise ValueError("a held-out pair with two equal anchors is its own mirror: swapping them changes nothing")
@@ -241,16 +240,15 @@ def pair_route_at_last(model: HookedTransformer, task: CompositeTask, key_pos: i
 def last_attention_patched(model: HookedTransformer, batch: Batch, donor: Batch, layer: int) -> Int[Tensor, " batch"]:
     """The model's answers on `batch` with `layer`'s attention output at the last position taken
     from the same rows of `donor` (same length)."""
-    device = next(model.parameters()).device
     name, last = f"blocks.{layer}.hook_attn_out", batch.tokens.shape[1] - 1
-    _, cache = model.run_with_cache(donor.tokens.to(device), names_filter=name)
+    _, cache = model.run_with_cache(donor.tokens.to(next(model.parameters()).device), names_filter=name)
 
     def patch(value: Tensor, hook: Any) -> Tensor:
         value[:, last] = cache[name][:, last]
         return value
 
-    logits = model.run_with_hooks(batch.tokens.to(device), fwd_hooks=[(name, patch)])
-    return logits_at_labels(logits, batch.label_pos.to(device))[:, 0].argmax(-1).cpu()
+    with model.hooks(fwd_hooks=[(name, patch)]):
+        return predictions(model, batch)[:, 0]
 
 
 def _other_trained_pair(task: CompositeTask, pair: Tensor, gen: torch.Generator) -> Tensor:
