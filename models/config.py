@@ -20,6 +20,8 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 POSITIONALS = ("standard", "rotary")
 NORM_POSITIONS = ("pre", "post")
+UNEMBED_BIAS_INITS = ("zero", "uniform")
+WEIGHT_DECAY_ON = ("matrices", "all")
 MAX_SEED = 2**62  # room for the trainer's seed offsets (seed + 3_000_003) within a 64-bit generator seed
 
 
@@ -56,6 +58,10 @@ class ModelConfig:
     biases: false removes the attention's (Q/K/V/O) and the MLP's biases, as in the composite
       paper's model: they are zeroed and frozen, so they add nothing and never train. The
       LayerNorms and the unembedding keep theirs.
+    unembed_bias_init: the unembedding's bias at init. "zero" (TransformerLens's default, and what
+      init_gamma leaves) or "uniform": U(-1/sqrt(d_model), 1/sqrt(d_model)), PyTorch's nn.Linear
+      default, not rescaled with init_gamma, as in the composite paper's public code (the only
+      parameter its gamma init leaves at PyTorch's default).
     """
 
     n_layers: int = 4
@@ -77,6 +83,7 @@ class ModelConfig:
     shared_qk: bool = False
     planted: dict[str, str] = field(default_factory=dict)
     biases: bool = True
+    unembed_bias_init: str = "zero"
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads"):
@@ -97,6 +104,8 @@ class ModelConfig:
             raise ConfigError(f"model.norm_position='post' needs model.normalization='LN', not {self.normalization!r}")
         if self.positional not in POSITIONALS:
             raise ConfigError(f"model.positional={self.positional!r} is unknown; use one of {POSITIONALS}")
+        if self.unembed_bias_init not in UNEMBED_BIAS_INITS:
+            raise ConfigError(f"model.unembed_bias_init={self.unembed_bias_init!r} is unknown; use one of {UNEMBED_BIAS_INITS}")
         if self.init_gamma is not None and self.init_gamma <= 0:
             raise ConfigError(f"model.init_gamma={self.init_gamma} must be > 0 (std = d_in^-gamma), or null for the default init")
         if self.min_depth is not None and not 1 <= self.min_depth <= self.n_layers:
@@ -118,6 +127,9 @@ class ModelConfig:
 class TrainConfig:
     """AdamW with linear warm-up then cosine decay to `min_lr`; loss only on supervised labels.
 
+    weight_decay_on: "matrices" decays the weight matrices (W_*) only; "all" every trained
+      parameter (biases, norms and embeddings included), as AdamW over model.parameters() in the
+      composite paper's public code.
     n_train: None draws fresh training data every step; a number fixes a training set of that
       many samples, each batch drawn from it uniformly with replacement (not in epochs).
     mimic_steps: before step 0, this many steps of mimicking pre-training on random tokens
@@ -155,6 +167,7 @@ class TrainConfig:
     min_lr: float = 1e-5
     warmup_steps: int = 100
     weight_decay: float = 0.01
+    weight_decay_on: str = "matrices"
     grad_clip: float | None = 1.0
     n_train: int | None = None
     eval_every: int = 100
@@ -204,6 +217,8 @@ class TrainConfig:
             raise ConfigError(f"train.warmup_steps={self.warmup_steps} must be >= 0")
         if self.weight_decay < 0:
             raise ConfigError(f"train.weight_decay={self.weight_decay} must be >= 0")
+        if self.weight_decay_on not in WEIGHT_DECAY_ON:
+            raise ConfigError(f"train.weight_decay_on={self.weight_decay_on!r} is unknown; use one of {WEIGHT_DECAY_ON}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ConfigError(f"train.grad_clip={self.grad_clip} must be > 0, or null for no clipping")
         if self.n_train is not None and self.n_train < self.batch_size:

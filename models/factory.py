@@ -45,6 +45,9 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
         model = HookedTransformer(tl_cfg)
         if cfg.init_gamma is not None:
             apply_init_scale(model, cfg.init_gamma)
+        if cfg.unembed_bias_init == "uniform":
+            bound = cfg.d_model ** -0.5  # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+            torch.nn.init.uniform_(model.unembed.b_U, -bound, bound)
     if not cfg.biases:
         remove_biases(model)  # before tying: the tied blocks share block 0's frozen zeros
     if cfg.norm_position == "post":

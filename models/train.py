@@ -256,18 +256,20 @@ class Trainer:
                               f"evaluation does not record; it records {sorted(recorded)}")
 
     def _make_optimizer(self) -> torch.optim.AdamW:
-        """Weight decay on weight matrices only; the identity-attention scalars in a group of
-        their own when `identity_lr_scale` != 1 (each group's lr is the schedule's times its
-        `lr_scale`)."""
+        """Weight decay on weight matrices only (`weight_decay_on="all"`: on every parameter); the
+        identity-attention scalars in a group of their own when `identity_lr_scale` != 1 (each
+        group's lr is the schedule's times its `lr_scale`; they decay only under "all")."""
         train, params = self.cfg.train, unique_parameters(self.model)
         leaf = {n: n.rsplit(".", 1)[-1] for n in params}
         scaled = {n for n in params if leaf[n] in IDENTITY_SCALARS} if train.identity_lr_scale != 1 else set()
-        decay = [p for n, p in params.items() if leaf[n].startswith("W_")]
-        rest = [p for n, p in params.items() if not leaf[n].startswith("W_") and n not in scaled]
+        decays = (lambda n: True) if train.weight_decay_on == "all" else (lambda n: leaf[n].startswith("W_"))
+        decay = [p for n, p in params.items() if decays(n) and n not in scaled]
+        rest = [p for n, p in params.items() if not decays(n) and n not in scaled]
         groups = [{"params": decay, "weight_decay": train.weight_decay, "lr_scale": 1.0},
                   {"params": rest, "weight_decay": 0.0, "lr_scale": 1.0}]
         if scaled:
-            groups.append({"params": [params[n] for n in scaled], "weight_decay": 0.0, "lr_scale": train.identity_lr_scale})
+            groups.append({"params": [params[n] for n in scaled], "lr_scale": train.identity_lr_scale,
+                           "weight_decay": train.weight_decay if train.weight_decay_on == "all" else 0.0})
         # the fused kernel on CUDA: one launch for all parameters (the CPU keeps the default, so
         # CPU weights stay bit-identical to those of earlier versions)
         return torch.optim.AdamW(groups, lr=train.lr, fused=True if self.device.type == "cuda" else None)

@@ -14,7 +14,8 @@
 # A curriculum resumes where it stopped (stages checkpoint every 250 steps), so running the script
 # again on the same OUT_DIR continues. DEADLINE_S > 0 stops everything that many seconds after the
 # start. Env: PYTHON (default python3), DEVICE (default cuda), EXTRA (more --set flags for every
-# stage, e.g. a smoke test's train.steps=20).
+# stage, e.g. a smoke test's train.steps=20), ANALYZE (default 1; 0 trains only). The analysis writes
+# an HTML report too, so the machine needs the project's dependencies, circuitsvis included.
 set -u
 out=${1:?usage: lego8.sh OUT_DIR [DEADLINE_S]}
 deadline=${2:-0}
@@ -34,7 +35,7 @@ one() {  # one NAME CURRICULUM SEED MIN_DEPTH: train the curriculum, then analys
   OMP_NUM_THREADS=2 "$py" -m analyses.cli curriculum "$curriculum" --no-progress --out "$out/$name" "${sets[@]}" || return
   local last
   last=$(ls -d "$out/$name"/3-* | tail -n 1)
-  [ -f "$last/analysis.json" ] || OMP_NUM_THREADS=2 "$py" -m analyses.cli analyze "$last" --device "$device"
+  [ "${ANALYZE:-1}" = 0 ] || [ -f "$last/analysis.json" ] || OMP_NUM_THREADS=2 "$py" -m analyses.cli analyze "$last" --device "$device"
 }
 
 pids=()

@@ -43,6 +43,8 @@ BAD_VALUES = [
     ("lego-cpu", "train.device", "tpu", "device='tpu'"), ("lego-cpu", "train.precision", "fp8", "precision='fp8'"),
     ("lego-cpu", "train.mimic_steps", "-5", "mimic_steps=-5"),
     ("lego-cpu", "train.identity_lr_scale", "0", "identity_lr_scale=0"),
+    ("lego-cpu", "train.weight_decay_on", "biases", "weight_decay_on='biases'"),
+    ("composite-cpu", "model.unembed_bias_init", "normal", "unembed_bias_init='normal'"),
     ("lego-cpu", "train.plateau_evals", "0", "plateau_evals=0"), ("lego-cpu", "train.plateau_tol", "1", "plateau_tol=1"),
     ("composite-cpu", "task.shifts", '["a","b"]', "shifts[0]='a'"), ("composite-cpu", "task.shifts", "[]", "shifts is empty"),
     ("composite-cpu", "task.seq_len", "2", "seq_len=2"), ("composite-cpu", "task.value_min", "2", "value_min=2"),

@@ -51,3 +51,31 @@ def test_a_resumed_run_that_dies_keeps_its_checkpoint(tmp_path):
     assert "has a checkpoint: left as it is" in again.stdout
     assert (run / "metrics.jsonl").read_text() == metrics
     assert not list(tmp_path.glob("*.failed*"))
+
+
+def test_lego8_script_trains_each_curriculum_with_eight_layers_and_resumes(tmp_path):
+    """analyses/gpu/lego8.sh on the CPU with a tiny schedule: BERT and ALBERT-SD curricula side by side,
+    each stage with 8 layers, its seed and (ALBERT-SD) stochastic depth; a second call resumes."""
+    tiny = ("train.steps=2 train.eval_every=2 train.eval_size=32 train.batch_size=16 train.checkpoint_every=2 "
+            "train.compile=false model.d_model=16")
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "EXTRA": tiny, "ANALYZE": "0",
+           "PYTHONPATH": str(ROOT), "RUNS": "bert-s1:lego-three-hops:1:- albertsd-s0:lego-three-hops-albert:0:4"}
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(ROOT / "analyses/gpu/lego8.sh"), str(tmp_path)], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    expected = {"bert-s1": (1, False, None), "albertsd-s0": (0, True, 4)}
+    for name, (seed, tied, min_depth) in expected.items():
+        stages = sorted(p.name for p in (tmp_path / name).iterdir() if p.is_dir())
+        assert stages == ["1-one-hop", "2-three-hops-n6", "3-three-hops-n8"]
+        for stage in stages:
+            cfg = json.loads((tmp_path / name / stage / "config.json").read_text())
+            assert (cfg["model"]["n_layers"], cfg["train"]["seed"], cfg["train"]["precision"]) == (8, seed, "fp32")
+            assert (cfg["model"]["tie_layers"], cfg["model"]["min_depth"]) == (tied, min_depth)
+    last = tmp_path / "bert-s1" / "3-three-hops-n8" / "metrics.jsonl"
+    metrics = last.read_text()
+    assert run().returncode == 0
+    assert last.read_text() == metrics  # finished stages are kept, not trained again

@@ -4,8 +4,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from models.config import ModelConfig
 from models.runs import RunFolder, load_run, read_metrics
 from models.train import Trainer, TrainingDiverged, learning_rate
+from tasks import CompositeConfig, CompositeTask
 from tests.helpers import kill_then_resume, tiny_composite_run, tiny_lego_run
 
 
@@ -235,3 +237,38 @@ def test_a_bias_free_model_keeps_its_attention_and_mlp_biases_at_zero_through_tr
     assert all(torch.count_nonzero(p) == 0 for p in biases.values())
     assert torch.count_nonzero(run.model.unembed.b_U) > 0  # the unembedding's bias, kept, trains from its zeros
     assert run.config.model.biases is False
+
+
+def test_weight_decay_on_all_decays_every_trained_parameter_and_keeps_frozen_biases_at_zero(tmp_path):
+    """The composite paper's code decays every parameter (AdamW over model.parameters()); ours by
+    default only the weight matrices. Frozen (bias-free) biases get no gradient, so they stay zero."""
+    def decayed(trainer) -> set[str]:
+        ids = {id(p) for g in trainer.optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+        return {n for n, p in trainer.model.named_parameters() if id(p) in ids}
+
+    cfg = tiny_composite_run(steps=10).with_overrides(["model.biases=false", "train.weight_decay=0.5"])
+    names = {n for n, _ in Trainer(cfg, tmp_path / "m", progress=False).model.named_parameters()}
+    matrices = decayed(Trainer(cfg, tmp_path / "m", progress=False))
+    assert matrices == {n for n in names if n.rsplit(".", 1)[-1].startswith("W_")}
+    trainer = Trainer(cfg.with_overrides(["train.weight_decay_on=all"]), tmp_path / "a", progress=False)
+    assert decayed(trainer) == names
+    trainer.fit()
+    frozen = [p for n, p in trainer.model.named_parameters() if n.rsplit(".", 1)[-1] in ("b_Q", "b_V", "b_in", "b_out")]
+    assert frozen and all(torch.count_nonzero(p) == 0 for p in frozen)
+
+
+def test_a_uniform_unembedding_bias_is_drawn_at_pytorchs_scale_whatever_the_gamma():
+    """`model.unembed_bias_init=uniform`: b_U ~ U(+-1/sqrt(d_model)) as nn.Linear's default, not
+    rescaled with init_gamma (the paper's code), and every other parameter as without it."""
+    from models.factory import build_model
+
+    task = CompositeTask(CompositeConfig())
+    models = {(gamma, init): build_model(ModelConfig(n_layers=2, d_model=64, n_heads=1, init_gamma=gamma,
+                                                     unembed_bias_init=init), task, seed=3, device="cpu")
+              for gamma in (0.5, 1.0) for init in ("zero", "uniform")}
+    bias = models[(0.5, "uniform")].unembed.b_U
+    assert torch.equal(bias, models[(1.0, "uniform")].unembed.b_U)  # not rescaled with gamma
+    assert 0.5 * 64 ** -0.5 < bias.abs().max() <= 64 ** -0.5
+    assert torch.count_nonzero(models[(0.5, "zero")].unembed.b_U) == 0
+    zero, uniform = (dict(models[(0.5, init)].named_parameters()) for init in ("zero", "uniform"))
+    assert all(torch.equal(zero[n], uniform[n]) for n in zero if n != "unembed.b_U")
