@@ -60,8 +60,9 @@ class ModelConfig:
       LayerNorms and the unembedding keep theirs.
     unembed_bias_init: the unembedding's bias at init. "zero" (TransformerLens's default, and what
       init_gamma leaves) or "uniform": U(-1/sqrt(d_model), 1/sqrt(d_model)), PyTorch's nn.Linear
-      default, not rescaled with init_gamma, as in the composite paper's public code (the only
-      parameter its gamma init leaves at PyTorch's default).
+      default, not rescaled with init_gamma, as in the composite paper's public code (of the
+      parameters its gamma init leaves at PyTorch's defaults, the one whose default differs
+      from TransformerLens's).
     """
 
     n_layers: int = 4

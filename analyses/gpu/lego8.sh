@@ -13,8 +13,9 @@
 #                          paper's 6..12 of 12; evaluation uses all 8
 # A curriculum resumes where it stopped (stages checkpoint every 250 steps), so running the script
 # again on the same OUT_DIR continues. DEADLINE_S > 0 stops everything that many seconds after the
-# start. Env: PYTHON (default python3), DEVICE (default cuda), EXTRA (more --set flags for every
-# stage, e.g. a smoke test's train.steps=20), ANALYZE (default 1; 0 trains only). The analysis writes
+# start. Exit status: 0 when every run trained (and was analysed), 3 when the deadline stopped some
+# (run again to resume them), 1 when one failed (its log, OUT_DIR/NAME.log, says why). Env: PYTHON (default python3), DEVICE (default cuda), EXTRA (more --set flags for every
+# stage, space-separated, e.g. a smoke test's train.steps=20), ANALYZE (default 1; 0 trains only). The analysis writes
 # an HTML report too, so the machine needs the project's dependencies, circuitsvis included.
 set -u
 out=${1:?usage: lego8.sh OUT_DIR [DEADLINE_S]}
@@ -31,7 +32,9 @@ one() {  # one NAME CURRICULUM SEED MIN_DEPTH: train the curriculum, then analys
   local name=$1 curriculum=$2 seed=$3 min_depth=$4 sets=()
   sets=(--set model.n_layers=8 --set train.precision=fp32 --set train.seed="$seed" --set train.device="\"$device\"")
   [ "$min_depth" != "-" ] && sets+=(--set model.min_depth="$min_depth")
-  for s in ${EXTRA:-}; do sets+=(--set "$s"); done
+  local extra=()
+  read -r -a extra <<<"${EXTRA:-}"
+  for s in "${extra[@]}"; do sets+=(--set "$s"); done
   OMP_NUM_THREADS=2 "$py" -m analyses.cli curriculum "$curriculum" --no-progress --out "$out/$name" "${sets[@]}" || return
   local last
   last=$(ls -d "$out/$name"/3-* | tail -n 1)
@@ -39,6 +42,7 @@ one() {  # one NAME CURRICULUM SEED MIN_DEPTH: train the curriculum, then analys
 }
 
 pids=()
+stopped=0
 for r in "${runs[@]}"; do
   IFS=: read -r name curriculum seed min_depth <<<"$r"
   one "$name" "$curriculum" "$seed" "$min_depth" >>"$out/$name.log" 2>&1 &
@@ -52,11 +56,13 @@ while :; do
   if [ "$deadline" -gt 0 ] && [ $(( $(date +%s) - start )) -ge "$deadline" ]; then
     echo "deadline: stopping at $(( $(date +%s) - start )) s"
     for pid in "${pids[@]}"; do pkill -TERM -P "$pid" 2>/dev/null; kill "$pid" 2>/dev/null; done
+    stopped=1
     break
   fi
   sleep 5
 done
-wait
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 for r in "${runs[@]}"; do
   name=${r%%:*}
   echo "== $name: $(tail -n 1 "$out/$name.log")"
@@ -65,3 +71,5 @@ for r in "${runs[@]}"; do
 r=json.loads(sys.stdin.read()); print({k: r[k] for k in ("step","elapsed_s","acc_per_var") if k in r})')"
   done
 done
+if [ "$stopped" = 1 ]; then echo "stopped at the deadline: run again to resume"; exit 3; fi
+if [ "$failed" = 1 ]; then echo "a run failed: see its log in $out"; exit 1; fi

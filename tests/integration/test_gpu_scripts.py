@@ -79,3 +79,13 @@ def test_lego8_script_trains_each_curriculum_with_eight_layers_and_resumes(tmp_p
     metrics = last.read_text()
     assert run().returncode == 0
     assert last.read_text() == metrics  # finished stages are kept, not trained again
+
+
+def test_lego8_script_fails_when_a_run_fails(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "ANALYZE": "0", "PYTHONPATH": str(ROOT),
+           "RUNS": "typo:lego-three-hopz:0:-"}
+    done = subprocess.run(["bash", str(ROOT / "analyses/gpu/lego8.sh"), str(tmp_path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "a run failed" in done.stdout
+    assert "lego-three-hopz" in (tmp_path / "typo.log").read_text()

@@ -257,6 +257,24 @@ def test_weight_decay_on_all_decays_every_trained_parameter_and_keeps_frozen_bia
     assert frozen and all(torch.count_nonzero(p) == 0 for p in frozen)
 
 
+def test_decay_on_all_shrinks_the_norms_and_leaves_the_matrices_as_the_default_does(tmp_path):
+    """One AdamW step from the same weights and batch: decoupled decay multiplies a decayed
+    parameter by (1 - lr * wd) before the Adam update, so under "all" each LayerNorm weight (1 at
+    init) ends lr * wd below the default run's, and the matrices (decayed in both) are identical."""
+    cfg = tiny_composite_run(steps=1, warmup_steps=0, weight_decay=0.5, lr=1e-2)
+    runs = {}
+    for on in ("matrices", "all"):
+        trainer = Trainer(cfg.with_overrides([f"train.weight_decay_on={on}"]), tmp_path / on, progress=False)
+        lr = trainer.optimizer.param_groups[0]["lr"]
+        trainer.fit()
+        runs[on] = dict(trainer.model.named_parameters())
+    norms = [n for n in runs["all"] if n.endswith("ln1.w")]
+    assert norms
+    for n in norms:
+        assert torch.allclose(runs["matrices"][n] - runs["all"][n], torch.full_like(runs["all"][n], lr * 0.5), atol=1e-6)
+    assert all(torch.equal(runs["matrices"][n], runs["all"][n]) for n in runs["all"] if n.rsplit(".", 1)[-1].startswith("W_"))
+
+
 def test_a_uniform_unembedding_bias_is_drawn_at_pytorchs_scale_whatever_the_gamma():
     """`model.unembed_bias_init=uniform`: b_U ~ U(+-1/sqrt(d_model)) as nn.Linear's default, not
     rescaled with init_gamma (the paper's code), and every other parameter as without it."""
