@@ -38,6 +38,7 @@ from interp.tasks.composite import (
     composite_probe_map,
     composite_verdict,
     held_out_on_training_keys,
+    held_out_other_answers,
     pair_route_at_last,
 )
 from models.config import ModelConfig, RunConfig, TrainConfig
@@ -262,7 +263,8 @@ def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = SCALES["cpu
     """Per finished cell of a composite sweep: its grid point, the init std of its gamma at its
     width, the steps it trained of its budget and why it stopped (the stop rule, the step budget,
     or "unfinished": killed or still training, its last checkpoint measured), and the
-    verdict measured on `n` fresh sequences per pair type, test keys and training keys."""
+    verdict measured on `n` fresh sequences per pair type, test keys and training keys, and the
+    held-out pair's most common answers that are neither solution."""
     rows = {}
     for name, cell in index["cells"].items():
         if cell.get("status") != "done":
@@ -279,7 +281,8 @@ def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = SCALES["cpu
                       "steps": step, "of_steps": budget, "stopped": how_it_ended(last, step, budget),
                       **{k: verdict[k] for k in ("verdict", "seen_accuracy", "held_out_inferential", "held_out_symmetric",
                                                  "held_out_by_key_position")},
-                      **held_out_on_training_keys(run.model, run.task, n=n)}
+                      **held_out_on_training_keys(run.model, run.task, n=n),
+                      "held_out_other_answers": held_out_other_answers(run.model, run.task, n=n)}
     return rows
 
 

@@ -101,6 +101,30 @@ def held_out_on_training_keys(model: HookedTransformer, task: CompositeTask, n: 
                                            for a in ("inferential", "symmetric")}}
 
 
+def held_out_other_answers(model: HookedTransformer, task: CompositeTask, n: int = 2000, seed: int = 0,
+                           top: int = 5) -> list[dict[str, Any]]:
+    """What a model answers on the held-out pair when it gives neither solution: its `top` most
+    common answers other than x-10 and x-6, as offsets from the key, each with its share of `n`
+    fresh test-key sequences and the trained pairs whose target is that offset (e.g. (4,4)'s
+    x-16, a model that reads one anchor twice)."""
+    gen = seeded_generator(seed + 2)
+    held = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen))
+    return other_answers(predictions(model, held)[:, 0], held, task, top)
+
+
+def other_answers(pred: Int[Tensor, " batch"], held: Batch, task: CompositeTask, top: int = 5) -> list[dict[str, Any]]:
+    """`held_out_other_answers` on given predictions of held-out rows."""
+    neither = (pred != held.latents["inferential"]) & (pred != held.latents["symmetric"])
+    offsets, counts = torch.unique(pred[neither] - held.latents["key"][neither], return_counts=True)
+    trained = ~task.is_held_out
+    rows = []
+    for i in counts.argsort(descending=True, stable=True)[:top].tolist():
+        offset = int(offsets[i])
+        pairs = [task.pair_name(p) for p in ((task.trained_shift == offset) & trained).nonzero()[:, 0].tolist()]
+        rows.append({"offset": offset, "share": round(int(counts[i]) / len(pred), 4), "target_of": pairs})
+    return rows
+
+
 def _rate_by_key_position(pred: Int[Tensor, " batch"], held: Batch, answer: str, n_positions: int) -> list[float | None]:
     """Per key position, the share of `pred` equal to the `answer` latent (None: no sequence there)."""
     positions = held.latents["key_pos"]

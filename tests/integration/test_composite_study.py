@@ -181,6 +181,8 @@ def test_cells_reads_a_plain_folder_of_runs_and_marks_the_unfinished(tmp_path, c
     assert (rows["killed"]["steps"], rows["killed"]["of_steps"], rows["killed"]["stopped"]) == (10, 20, "unfinished")
     verdict = composite_verdict(load_run(tmp_path / "killed").model, load_run(tmp_path / "killed").task, n=200)
     assert rows["killed"]["held_out_symmetric"] == verdict.to_dict()["held_out_symmetric"]
+    other = rows["killed"]["held_out_other_answers"]  # an untrained model answers neither solution
+    assert other and sum(row["share"] for row in other) <= 1 - verdict.held_out_inferential - verdict.held_out_symmetric + .05
 
 
 def test_cells_refuses_a_folder_with_no_runs(tmp_path, capsys):

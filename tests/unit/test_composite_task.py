@@ -145,3 +145,19 @@ def test_order_and_route_refuse_what_they_cannot_measure():
     task = CompositeTask(CompositeConfig(held_out=["2,2"]))  # its own mirror
     with pytest.raises(ValueError, match="own mirror"):
         anchor_order_sensitivity(model, task, key_pos=2, n=16)
+
+
+def test_other_answers_are_the_held_out_answers_that_are_neither_solution_with_the_pairs_they_belong_to(gen):
+    """Half the held-out rows answered x-10 (left out), a quarter x-16 ((4,4)'s target: one
+    anchor read twice), a quarter x-13 (no pair's target): shares of all rows, commonest first."""
+    from interp.tasks.composite import other_answers
+
+    task = CompositeTask(CompositeConfig())
+    held = task.sample(400, gen, split="test", pair_ids=task.is_held_out.nonzero()[:, 0].repeat(400))
+    key = held.latents["key"]
+    pred = torch.cat([held.latents["inferential"][:200], key[200:300] - 16, key[300:] - 13])
+    pred[300:301] = held.latents["symmetric"][300:301]  # one x-6 row: a solution, left out too
+    rows = other_answers(pred, held, task)
+    assert rows == [{"offset": -16, "share": 0.25, "target_of": ["4,4"]},
+                    {"offset": -13, "share": 0.2475, "target_of": []}]
+    assert other_answers(held.latents["inferential"], held, task) == []
