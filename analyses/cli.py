@@ -184,6 +184,10 @@ def _parser() -> argparse.ArgumentParser:
     study.add_argument("--gammas", type=_gamma_pair, metavar="SMALL,LARGE",
                        help="composite-mechanism: the two init rates to contrast (default: the scale's; the paper's "
                             "pair is 0.5,0.8)")
+    study.add_argument("--protocol", help="composite studies: fast (default: lr 1e-3, biases, GELU, <= 3,000 steps) or "
+                                          "matched (the composite-matched preset, the cpu protocol nearest the paper's: "
+                                          "lr 1e-4, bias-free ReLU, up to 30,000 steps; hours per study, see "
+                                          "docs/sweeps.md); default folder runs/studies/<name>-<scale>-matched")
     study.add_argument("--no-progress", action="store_true", help="no progress bars")
     study.set_defaults(run=_cmd_study)
 
@@ -444,7 +448,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results = run_study(args.name, args.out, args.scale, workers=args.workers, backend=args.backend,
                         address=args.address, progress=not args.no_progress, seeds=args.seeds,
-                        overrides=args.overrides, gammas=args.gammas)
+                        overrides=args.overrides, gammas=args.gammas, protocol=args.protocol)
     print(json.dumps(results.get("headline", {}), default=str))
     print(f"study {args.name} ({args.scale}) finished in {time.perf_counter() - started:.0f} s; "
           f"see {results.get('report', 'its folder')}")

@@ -97,6 +97,7 @@ class StudyContext:
     seeds: tuple[int, ...] | None = None  # `--seeds 0,1`: replaces the study's own seeds
     overrides: tuple[str, ...] = ()  # `--set model.norm_position=post`: applied to every cell's base config
     gammas: tuple[float, float] | None = None  # `--gammas 0.5,0.8`: a contrast study's two init rates
+    protocol: str | None = None  # `--protocol matched`: another training protocol (None: the study's default)
 
     def seeds_or(self, default: list[int]) -> list[int]:
         """The seeds to train: the caller's when given, else the study's default for its scale."""
@@ -141,7 +142,9 @@ class StudyContext:
     def command(self) -> str:
         """The `workbench study` command line that (re)makes this study."""
         parts = [f"workbench study {self.study} --scale {self.scale}"]
-        if self.out != default_out(self.study, self.scale):
+        if self.protocol is not None:
+            parts.append(f"--protocol {self.protocol}")
+        if self.out != default_out(self.study, self.scale, self.protocol):
             parts.append(f"--out {self.out}")
         if self.seeds:
             parts.append(f"--seeds {','.join(map(str, self.seeds))}")
@@ -176,9 +179,10 @@ class Study:
     name: str  # e.g. "lego-extrapolation"
     summary: str  # one line for `workbench study --list`
     run: Callable[[StudyContext], dict[str, Any]]  # writes report.html and results.json, returns the results
-    # the config its cells start from, given the scale and `--set` overrides; None: no --set
-    base_config: Callable[[str, Sequence[str]], Any] | None = None
+    # the config its cells start from, given the scale, `--set` overrides and protocol; None: no --set
+    base_config: Callable[[str, Sequence[str], str | None], Any] | None = None
     takes_gammas: bool = False  # a small- vs large-gamma contrast: `--gammas SMALL,LARGE` picks the pair
+    protocols: tuple[str, ...] = ()  # the names `--protocol` takes, the default first; (): no --protocol
 
 
 def all_studies() -> dict[str, Study]:
@@ -219,8 +223,9 @@ def how_it_ended(last: Mapping[str, Any], step: int | None, budget: int) -> str:
     return last.get("stopped") or ("budget" if step == budget else "unfinished")
 
 
-def default_out(name: str, scale: str) -> Path:
-    return Path("runs/studies") / f"{name}-{scale}"
+def default_out(name: str, scale: str, protocol: str | None = None) -> Path:
+    """runs/studies/<name>-<scale>, with -<protocol> when one is named."""
+    return Path("runs/studies") / "-".join((name, scale, *([protocol] if protocol else [])))
 
 
 def get_study(name: str) -> Study:
@@ -231,7 +236,8 @@ def get_study(name: str) -> Study:
 
 
 def run_study(name: str, out: str | Path | None = None, scale: str = "cpu", **options: Any) -> dict[str, Any]:
-    """Run a study into `out` (default runs/studies/<name>-<scale>) and return its results."""
+    """Run a study into `out` (default runs/studies/<name>-<scale>, with -<protocol> when a
+    protocol other than the default is named) and return its results."""
     if scale not in SCALES:
         raise ConfigError(f"--scale {scale!r} is unknown; use one of {SCALES}")
     if options.get("seeds") is not None:
@@ -247,9 +253,20 @@ def run_study(name: str, out: str | Path | None = None, scale: str = "cpu", **op
             raise ConfigError(f"study {name!r} does not take --set; the composite studies do")
         if out is None:
             raise ConfigError("--set changes every cell, so name a study folder of its own with --out")
-        study.base_config(scale, options["overrides"])  # a bad value is refused before anything is written
     if options.get("gammas") is not None:
         options["gammas"] = _check_gammas(name, study, options["gammas"])
-    path = Path(out) if out is not None else default_out(name, scale)
+    protocol = options.get("protocol")
+    if protocol is not None:
+        if not study.protocols:
+            takers = sorted(n for n, s in all_studies().items() if s.protocols)
+            raise ConfigError(f"study {name!r} does not take --protocol; {', '.join(takers)} do")
+        if protocol not in study.protocols:
+            raise ConfigError(f"--protocol {protocol!r} is unknown for {name}; use one of {study.protocols} "
+                              f"(default {study.protocols[0]})")
+        if protocol == study.protocols[0]:
+            options["protocol"] = protocol = None  # the default, named: the same cells and folder as unnamed
+    if study.base_config is not None:  # a bad --set value or protocol is refused before anything is written
+        study.base_config(scale, options.get("overrides", ()), protocol)
+    path = Path(out) if out is not None else default_out(name, scale, protocol)
     path.mkdir(parents=True, exist_ok=True)
     return study.run(StudyContext(out=path, study=name, scale=scale, **options))

@@ -45,7 +45,7 @@ from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
 from models.runs import LoadedRun, load_run
 from models.train import fastest_cpu_options
-from tasks import CompositeConfig, CompositeTask, seeded_generator
+from tasks import CompositeConfig, CompositeTask, ConfigError, seeded_generator
 
 SEEN_LEARNED = 0.9  # the paper counts a run whose seen-pair accuracy is below this as unlearned
 VERDICT_MARK = {"inferential": "I", "symmetric": "S", "mixed": "M", "unlearned": "U"}
@@ -86,6 +86,18 @@ def _cpu_base() -> RunConfig:
                                                               **fastest_cpu_options()))
 
 
+def _matched_tiny_base() -> RunConfig:
+    return _tiny_base().with_overrides(["model.biases=false", "model.act_fn=relu", "task.key_modulus=9",
+                                        "train.lr=1e-4"])
+
+
+def _matched_cpu_base() -> RunConfig:
+    """The composite-matched preset (pre-LN, bias-free ReLU, test keys x mod 9, lr 1e-4, a stop rule
+    that waits for the held-out answers, at most 30,000 steps), compiled as `_cpu_base`."""
+    matched = get_preset("composite-matched")
+    return dataclasses.replace(matched, train=dataclasses.replace(matched.train, **fastest_cpu_options()))
+
+
 SCALES = Scales(
     CompositeScale,
     tiny=CompositeScale(_tiny_base, phase_grid={"train.seed": [0], "model.init_gamma": [0.3, 0.9], "model.n_layers": [1]},
@@ -122,10 +134,44 @@ SCALES = Scales(
 )
 
 
-def base_config(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
-    """The config every cell of `scale` starts from, with the study's `--set` overrides (e.g.
-    model.norm_position=post)."""
-    return SCALES[scale].base().with_overrides(list(overrides))
+# `--protocol matched`: the protocol nearest the paper's that gave both of its depth-2 corners on cpu
+# (analyses/RESULTS.md, issue 27). Phase: the gammas around the corners (0.5 large init .. 1.0, std
+# .088 .. .008 at width 128) at depth 2-4, 2 seeds: 24 runs of 13-49 minutes of one core each (measured
+# beside other training), about 5 hours with --workers 2.
+# Contrast: 0.5 vs 0.9, the symmetric and inferential depth-2 models of that protocol. lr x wd: its
+# lr 1e-4 and the two larger ones it was measured at, times the weight decay of finding 5. Only the
+# tiny and cpu scales: the gpu and paper scales train presets at the paper's width (composite-paper: its
+# whole recipe).
+MATCHED = {
+    "tiny": CompositeScale(_matched_tiny_base, phase_grid=SCALES["tiny"].phase_grid, contrast_gammas=(0.5, 0.9),
+                           lr_wd_grid=SCALES["tiny"].lr_wd_grid, eval_samples=200),
+    "cpu": CompositeScale(_matched_cpu_base, phase_grid={"train.seed": [0, 1], "model.init_gamma": [0.5, 0.7, 0.9, 1.0],
+                                                         "model.n_layers": [2, 3, 4]},
+                          contrast_gammas=(0.5, 0.9),
+                          lr_wd_grid={"train.lr": [1e-4, 3e-4, 1e-3], "train.weight_decay": [0.01, 1.0]},
+                          eval_samples=2000),
+}
+PROTOCOLS = ("fast", "matched")  # `--protocol`; the first is the default
+
+
+def scale_params(scale: str, protocol: str | None = None) -> CompositeScale:
+    """What `scale` trains and measures under `protocol` ("fast", the default: SCALES; "matched":
+    MATCHED)."""
+    if protocol in (None, "fast"):
+        return SCALES[scale]
+    if protocol != "matched":
+        raise ConfigError(f"--protocol {protocol!r} is unknown; use one of {PROTOCOLS}")
+    if scale not in MATCHED:
+        raise ConfigError(f"--protocol matched is a width-128 cpu protocol, declared at scales {tuple(MATCHED)}; at scale "
+                          f"{scale!r} the study trains its own preset (composite-gpu: the paper's width and block; "
+                          f"composite-paper: the paper's whole recipe), so leave --protocol out")
+    return MATCHED[scale]
+
+
+def base_config(scale: str, overrides: Sequence[str] = (), protocol: str | None = None) -> RunConfig:
+    """The config every cell of `scale` starts from under `protocol`, with the study's `--set`
+    overrides (e.g. model.norm_position=post)."""
+    return scale_params(scale, protocol).base().with_overrides(list(overrides))
 
 
 def with_seeds(grid: dict[str, list[Any]], ctx: StudyContext) -> dict[str, list[Any]]:
@@ -136,10 +182,11 @@ def with_seeds(grid: dict[str, list[Any]], ctx: StudyContext) -> dict[str, list[
     return {"train.seed": list(ctx.seeds), **{k: list(v) for k, v in grid.items() if k != "train.seed"}}
 
 
-def contrast_gammas(scale: str, chosen: tuple[float, float] | None = None) -> dict[str, float]:
+def contrast_gammas(scale: str, chosen: tuple[float, float] | None = None, protocol: str | None = None
+                    ) -> dict[str, float]:
     """The gammas of the mechanism study's two models: `chosen` (`--gammas SMALL,LARGE`), else
-    the scale's."""
-    small, large = chosen if chosen is not None else SCALES[scale].contrast_gammas
+    the scale's under `protocol`."""
+    small, large = chosen if chosen is not None else scale_params(scale, protocol).contrast_gammas
     return {"small_gamma": small, "large_gamma": large}
 
 
@@ -188,7 +235,7 @@ def _measure_cells(ctx: StudyContext, results: dict[str, CellResult], subdir: st
             continue
         run = load_run(ctx.out / subdir / name)
         measured[name] = {"status": "done", "train_seconds": round(result.seconds, 1),
-                          **cell_measures(run, SCALES[ctx.scale].eval_samples)}
+                          **cell_measures(run, scale_params(ctx.scale, ctx.protocol).eval_samples)}
     return measured
 
 
@@ -325,8 +372,8 @@ def _by_position(measures: dict[str, Any], answer: str) -> str:
 
 def run_phase(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
-    grid = with_seeds(SCALES[ctx.scale].phase_grid, ctx)
-    base = base_config(ctx.scale, ctx.overrides)
+    grid = with_seeds(scale_params(ctx.scale, ctx.protocol).phase_grid, ctx)
+    base = base_config(ctx.scale, ctx.overrides, ctx.protocol)
     points, trained, measured = train_and_measure(ctx, base, grid)
     table = aggregate_phase(points, measured, base.model.d_model)
     verdicts = {key: cell["verdict"] for key, cell in table.items()}
@@ -407,8 +454,8 @@ def mechanism_by_key_position(run: LoadedRun, key_positions: Sequence[int] | Non
     return out
 
 
-def mechanism_measures(run: LoadedRun, scale: str) -> dict[str, Any]:
-    n = SCALES[scale].eval_samples
+def mechanism_measures(run: LoadedRun, scale: str, protocol: str | None = None) -> dict[str, Any]:
+    n = scale_params(scale, protocol).eval_samples
     probes = composite_probe_map(run.model, run.task, n_train=max(400, n * 2), n_test=n)
     probe_table = {f"{site}:{quantity}": [round(v, 3) for v in probes.at(site, quantity).tolist()]
                    for site in probes.site_names for quantity in probes.quantity_names}
@@ -420,13 +467,14 @@ def mechanism_measures(run: LoadedRun, scale: str) -> dict[str, Any]:
     }
 
 
-def contrast_cells(scale: str, overrides: Sequence[str] = (), gammas: tuple[float, float] | None = None
-                   ) -> dict[str, RunConfig]:
+def contrast_cells(scale: str, overrides: Sequence[str] = (), gammas: tuple[float, float] | None = None,
+                   protocol: str | None = None) -> dict[str, RunConfig]:
     """The mechanism study's two 2-layer models, seed 0, at the contrast gammas (`gammas`, else
-    the scale's), on the base config with the study's `--set` overrides."""
-    base = with_model(base_config(scale, overrides), n_layers=2)
+    the scale's), on the base config of `protocol` with the study's `--set` overrides."""
+    base = with_model(base_config(scale, overrides, protocol), n_layers=2)
     base = dataclasses.replace(base, train=dataclasses.replace(base.train, seed=0))
-    return {name: with_model(base, init_gamma=gamma) for name, gamma in contrast_gammas(scale, gammas).items()}
+    return {name: with_model(base, init_gamma=gamma)
+            for name, gamma in contrast_gammas(scale, gammas, protocol).items()}
 
 
 def _flow_rows(measures: dict[str, dict[str, Any]]) -> list[list[Any]]:
@@ -462,10 +510,10 @@ def flow_figure(measures: dict[str, dict[str, Any]]):
 
 def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
-    cells = contrast_cells(ctx.scale, ctx.overrides, ctx.gammas)
+    cells = contrast_cells(ctx.scale, ctx.overrides, ctx.gammas, ctx.protocol)
     trained = ctx.run_cells(cells, "runs")
     measures = {name: ({"status": r.status} if r.status != "done"
-                       else mechanism_measures(load_run(ctx.out / "runs" / name), ctx.scale))
+                       else mechanism_measures(load_run(ctx.out / "runs" / name), ctx.scale, ctx.protocol))
                 for name, r in trained.items()}
     n_layers = 2
     summary_keys = ["verdict", "seen_accuracy", "held_out_inferential", "held_out_symmetric", "cosine_same_target",
@@ -485,7 +533,7 @@ def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
     headline = {name: {k: m.get(k) for k in ("verdict", "held_out_inferential", "held_out_symmetric",
                                              "cosine_same_target")} for name, m in measures.items()}
     return ctx.finish(f"composite-mechanism ({ctx.scale}): small vs large initialisation rate, 2 layers", sections, {
-        "headline": headline, "models": measures, "gammas": contrast_gammas(ctx.scale, ctx.gammas),
+        "headline": headline, "models": measures, "gammas": contrast_gammas(ctx.scale, ctx.gammas, ctx.protocol),
         "seconds": round(time.perf_counter() - started, 1)})
 
 
@@ -493,16 +541,16 @@ def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
 # composite-lr-wd
 
 
-def lr_wd_base(scale: str, overrides: Sequence[str] = ()) -> RunConfig:
+def lr_wd_base(scale: str, overrides: Sequence[str] = (), protocol: str | None = None) -> RunConfig:
     """Depth 2 at gamma 0.5, where the paper (and our cpu phase diagram) finds symmetric
     solutions: can a larger learning rate or weight decay move it to inference?"""
-    return with_model(base_config(scale, overrides), n_layers=2, init_gamma=0.5)
+    return with_model(base_config(scale, overrides, protocol), n_layers=2, init_gamma=0.5)
 
 
 def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
-    grid = with_seeds(SCALES[ctx.scale].lr_wd_grid, ctx)
-    base = lr_wd_base(ctx.scale, ctx.overrides)
+    grid = with_seeds(scale_params(ctx.scale, ctx.protocol).lr_wd_grid, ctx)
+    base = lr_wd_base(ctx.scale, ctx.overrides, ctx.protocol)
     points, _, measured = train_and_measure(ctx, base, grid)
     rows = [[points[n].get("train.lr"), points[n].get("train.weight_decay"), points[n].get("train.seed", 0),
              m.get("verdict"), m.get("seen_accuracy"), m.get("held_out_inferential"), m.get("held_out_symmetric"),
@@ -519,12 +567,12 @@ def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
 
 STUDIES = [
     Study("composite-phase", "composite: verdict per (init rate gamma, depth), the paper's Figure 2", run_phase,
-          base_config=base_config),
+          base_config=base_config, protocols=PROTOCOLS),
     Study("composite-mechanism", "composite: small vs large gamma 2-layer models: attention, patching, probes, "
                                  "vectors, complexity (Figures 3-5)", run_mechanism, base_config=base_config,
-          takes_gammas=True),
+          takes_gammas=True, protocols=PROTOCOLS),
     Study("composite-lr-wd", "composite: learning rate x weight decay push toward inference (finding 5)", run_lr_wd,
-          base_config=base_config),
+          base_config=base_config, protocols=PROTOCOLS),
 ]
 
 

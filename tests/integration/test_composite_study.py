@@ -1,5 +1,6 @@
 """The composite studies at tiny scale: they train, resume, measure and write their reports."""
 
+import dataclasses
 import json
 
 import pytest
@@ -134,6 +135,49 @@ def test_gammas_pick_the_mechanism_studys_pair_and_other_studies_refuse_them(tmp
         out = tmp_path / "refused"
         assert main(["study", *argv, "--scale", "tiny", "--out", str(out)]) == 2
         assert says in capsys.readouterr().err and not out.exists()
+
+
+def test_protocol_matched_trains_the_matched_blocks_in_a_folder_of_its_own(tmp_path, capsys, monkeypatch):
+    from analyses.cli import main
+    from models.runs import read_config
+
+    monkeypatch.chdir(tmp_path)  # the default folder is relative: runs/studies/<name>-<scale>-matched
+    assert main(["study", "composite-mechanism", "--scale", "tiny", "--protocol", "matched", "--no-progress"]) == 0
+    folder = tmp_path / "runs/studies/composite-mechanism-tiny-matched"
+    trained = {d.name: read_config(d) for d in (folder / "runs").iterdir() if d.is_dir()}
+    assert {name: c.model.init_gamma for name, c in trained.items()} == {"small_gamma": 0.5, "large_gamma": 0.9}
+    assert all((c.model.biases, c.model.act_fn, c.task.key_modulus, c.train.lr) == (False, "relu", 9, 1e-4)
+               for c in trained.values())
+    assert "--protocol matched" in (folder / "report.html").read_text()
+    # the default protocol, named, is the same study as unnamed: same folder, same cells
+    assert main(["study", "composite-mechanism", "--scale", "tiny", "--protocol", "fast", "--no-progress"]) == 0
+    fast = tmp_path / "runs/studies/composite-mechanism-tiny"
+    assert all(read_config(d).model.biases for d in (fast / "runs").iterdir() if d.is_dir())
+    assert "--protocol" not in (fast / "report.html").read_text()
+    capsys.readouterr()
+    for argv, says in [(["lego-heads", "--protocol", "matched"], "does not take --protocol"),
+                       (["composite-phase", "--protocol", "slow"], "use one of ('fast', 'matched')"),
+                       (["composite-phase", "--scale", "gpu", "--protocol", "matched"], "declared at scales ('tiny', 'cpu')")]:
+        assert main(["study", *argv, "--out", str(tmp_path / "refused")]) == 2
+        assert says in capsys.readouterr().err and not (tmp_path / "refused").exists()
+
+
+def test_the_matched_cpu_protocol_is_the_preset_its_phase_diagram_was_trained_with():
+    """The phase diagram in analyses/RESULTS.md was trained by `workbench sweep` with these
+    settings spelled out; the study's cells must be the same runs."""
+    from analyses.studies.composite import MATCHED, base_config
+    from models.presets import get_preset
+
+    spelled_out = get_preset("composite-cpu").with_overrides([
+        "model.biases=false", "model.act_fn=relu", "task.key_modulus=9", "model.norm_position=pre", "train.lr=1e-4",
+        "train.steps=30000", "train.eval_every=200", "train.checkpoint_every=1000", "train.plateau_evals=10",
+        "train.plateau_min_steps=5000", 'train.plateau_watch=["held_out_inferential","held_out_symmetric"]',
+        "train.plateau_watch_tol=0.03", "model.init_gamma=0.9"])
+    assert get_preset("composite-matched") == spelled_out
+    cpu = base_config("cpu", (), "matched")
+    assert cpu.model == spelled_out.model and cpu.task == spelled_out.task
+    assert dataclasses.replace(cpu.train, compile=False, precision="fp32") == spelled_out.train
+    assert MATCHED["cpu"].phase_grid["model.init_gamma"] == [0.5, 0.7, 0.9, 1.0]
 
 
 def test_measure_reads_a_sweeps_cells_like_the_phase_study(tmp_path, capsys):
