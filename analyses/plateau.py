@@ -1,5 +1,5 @@
 """`python -m analyses.plateau RUN_DIR [RUN_DIR ...]`: the hop's attention and gradient pull in a
-LEGO run (interp/plateau.py), on uniform test sentences and on biased (mixed-input) ones, side by
+LEGO run (interp/tasks/lego.py), on uniform test sentences and on biased (mixed-input) ones, side by
 side. Prints, per variable that needs a hop and kind of data, the head with the largest pull and
 the head that puts the most attention on the parent clause.
 """
@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from interp.analysis import predictions
-from interp.plateau import hop_pull, parent_element_split, residual_similarity
+from interp.probes import residual_similarity
+from interp.tasks.lego import hop_pull, parent_element_split
 from models.runs import load_run
 from tasks import LegoTask, seeded_generator
 

@@ -241,3 +241,20 @@ def _unflatten(accuracy: Tensor, shape: dict[str, int]) -> Tensor:
 def rounded(values: Tensor, decimals: int = 4) -> list:
     """Nested lists for JSON; rounded in float64 so that 0.5185 prints as 0.5185."""
     return values.double().round(decimals=decimals).tolist()
+
+
+@torch.no_grad()
+def residual_similarity(model: HookedTransformer, tokens: Tensor) -> Float[Tensor, " layer"]:
+    """Mean cosine similarity between the residual streams of two different positions of a
+    sentence, after the embedding (index 0) and after each block: near 1 means the hidden states
+    collapse toward one direction (a known plateau symptom)."""
+    names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers)]
+    _, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    n_pos = tokens.shape[1]
+    off_diagonal = ~torch.eye(n_pos, dtype=torch.bool, device=tokens.device)
+    similarity = []
+    for name in names:
+        unit = F.normalize(cache[name], dim=-1)  # [batch pos d_model]
+        cosines = unit @ unit.transpose(1, 2)  # [batch pos pos]
+        similarity.append(cosines[:, off_diagonal].mean())
+    return torch.stack(similarity)
