@@ -15,12 +15,15 @@ A sweep (`run_sweep`, `workbench sweep`) is a grid over config keys on top of a 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import multiprocessing
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -165,17 +168,56 @@ def _pool_round(jobs: dict[str, tuple[dict, str]], workers: int, record: Callabl
     threads = threads_per_worker(workers)
     context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
     lost: list[str] = []
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)) or 1, mp_context=context) as pool:
-        futures = {pool.submit(_call_with_threads, cell_fn, threads, name, *job): name for name, job in jobs.items()}
-        pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                try:
-                    record(future.result())
-                except BrokenProcessPool:
-                    lost.append(futures[future])
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)) or 1, mp_context=context)
+    try:
+        with _sigterm_raises():
+            futures = {pool.submit(_call_with_threads, cell_fn, threads, name, *job): name for name, job in jobs.items()}
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    try:
+                        record(future.result())
+                    except BrokenProcessPool:
+                        lost.append(futures[future])
+    except BaseException:  # killed (SIGTERM, Ctrl-C) or crashed: no worker may train on unwatched
+        _stop_workers(pool)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return [name for name in jobs if name in lost]
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While inside, SIGTERM (`kill PID`) raises SystemExit(143) in the main thread, as Ctrl-C
+    raises KeyboardInterrupt, so the caller can stop its workers before it exits. Without it the
+    parent dies at once and its workers train on, orphaned, until their cells end: a restarted
+    sweep would then train the same folders twice. Elsewhere than the main thread, a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate the pool's worker processes (the executor has no public way before Python 3.14's
+    terminate_workers). A cell stopped this way resumes from its last checkpoint next time."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    for process in workers:
+        process.terminate()
+    for process in workers:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
 
 
 def _call_with_threads(cell_fn: CellFn, threads: int, name: str, cfg_dict: dict[str, Any], run_dir: str) -> CellResult:

@@ -4,6 +4,13 @@ recording diverged and crashed cells without stopping the others, retrying faile
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from analyses.cli import main
 from analyses.sweep import CellResult, _run_pool, run_cells
@@ -66,6 +73,46 @@ def test_a_worker_process_that_dies_fails_only_its_own_cell(tmp_path):
     assert "died" in next(r.error for r in recorded if r.name == "b")
     assert {r.final.get("seed") for r in recorded if r.status == "done"} == {0, 2, 3}
     assert all(r.final["pid"] != os.getpid() for r in recorded if r.status == "done")  # trained in workers
+
+
+def writes_its_pid_and_sleeps(name: str, cfg_dict: dict, run_dir: str) -> CellResult:
+    """Stands in for a long cell: says which process runs it, then trains for a minute."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / "pid").write_text(str(os.getpid()))
+    time.sleep(60)
+    return CellResult(name, "done", {})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"  # a zombie is gone
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker states from /proc (Linux)")
+def test_a_sweep_stopped_with_sigterm_takes_its_workers_with_it(tmp_path):
+    """`kill PID` on a sweep must not leave its workers training on: a restarted sweep would
+    train the same folders twice."""
+    jobs = {name: (tiny_composite_run(seed=i).to_dict(), str(tmp_path / name)) for i, name in enumerate("ab")}
+    script = ("import sys, json; from analyses.sweep import _run_pool; "
+              "from tests.integration.test_sweep_local import writes_its_pid_and_sleeps; "
+              f"_run_pool(json.loads(sys.argv[1]), 2, print, cell_fn=writes_its_pid_and_sleeps)")
+    parent = subprocess.Popen([sys.executable, "-c", script, json.dumps(jobs)], cwd=Path(__file__).parents[2])
+    pid_files = [tmp_path / name / "pid" for name in jobs]
+    deadline = time.monotonic() + 60
+    while not all(f.exists() and f.read_text() for f in pid_files):
+        assert parent.poll() is None and time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.2)
+    workers = [int(f.read_text()) for f in pid_files]
+    assert all(_alive(pid) for pid in workers)
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 143
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers), "a worker outlived its sweep"
 
 
 def test_pool_and_in_process_runs_give_the_same_numbers(tmp_path):
