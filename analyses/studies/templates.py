@@ -358,7 +358,8 @@ STUDIES = [
 def sweep_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
     """Per run under `folders` (e.g. `workbench sweep --preset templates-cpu --grid
     task.n_train_symbols=... model.identity_attention=false,true`): its alphabet size, variant,
-    identity lr scale, steps trained and why it stopped, its last evaluation's test loss and
+    identity lr scale, seed, lr, embeddings (frozen or trained), steps trained and why it stopped,
+    its last evaluation's test loss and
     error (unseen symbols), and the largest |a_h| and |b_h| of an augmented model (read from its
     weights: for an "unfinished" run, its last checkpoint's, which can be older than its last
     evaluation)."""
@@ -369,6 +370,8 @@ def sweep_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
         augmented = cfg.model.identity_attention
         row = {"run": str(folder), "template": cfg.task.template, "d_model": cfg.model.d_model, "n": cfg.task.n_train_symbols,
                "variant": "augmented" if augmented else "plain", "identity_lr_scale": cfg.train.identity_lr_scale,
+               "seed": cfg.train.seed, "lr": cfg.train.lr,
+               "embeddings": "frozen" if cfg.model.fixed_embeddings else "trained",
                "steps": last.get("step"), "of_steps": cfg.train.steps,
                "stopped": how_it_ended(last, last.get("step"), cfg.train.steps),
                "test_loss": last.get("eval_loss"), "test_error": last.get("error")}
@@ -379,38 +382,70 @@ def sweep_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
     return rows
 
 
+def _variant(row: dict[str, Any]) -> tuple[str, float, str]:
+    """What tells a run's curve apart within a (template, width, seed): plain or the augmented
+    model's identity lr scale, then the lr and the embeddings."""
+    kind = "plain" if row["variant"] == "plain" else f"identity_lr_scale {row['identity_lr_scale']}"
+    return kind, row.get("lr"), row.get("embeddings", "frozen")
+
+
 def sweep_factors(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per template and width, and per identity lr scale of the augmented runs: `data_factors` of
-    the plain runs against the augmented ones, and the smallest n at which each variant's test
-    error is below ERROR_TARGET (None: at no n; templates-copy-width's measure). One seed per n:
-    a second run of the same n, variant and width is refused, not averaged. Unfinished runs are
-    left out."""
-    curves: dict[tuple[str, int], dict[str, dict[int, dict[str, Any]]]] = {}
+    """Per template, width and seed, for every plain curve against every augmented one (a curve:
+    the runs of one variant, lr and embeddings): `data_factors` of the plain runs against the
+    augmented ones, and the smallest n at which each one's test error is below ERROR_TARGET (None:
+    at no n; templates-copy-width's measure). Seeds are compared within, not averaged: a second run
+    of the same n on one curve is refused. Unfinished runs are left out."""
+    curves: dict[tuple[str, int, int], dict[tuple[str, float, str], dict[int, dict[str, Any]]]] = {}
     for row in (r for r in rows if r["stopped"] != "unfinished"):
-        variant = "plain" if row["variant"] == "plain" else f"identity_lr_scale {row['identity_lr_scale']}"
-        curve = curves.setdefault((row["template"], row["d_model"]), {}).setdefault(variant, {})
+        variant = _variant(row)
+        curve = curves.setdefault((row["template"], row["d_model"], row.get("seed", 0)), {}).setdefault(variant, {})
         if row["n"] in curve:
-            raise ValueError(f"two {row['variant']} runs ({variant}) of {row['template']} at d_model {row['d_model']} "
-                             f"with n = {row['n']}; sweep_factors reads one seed per n")
+            raise ValueError(f"two {row['variant']} runs ({variant[0]}, lr {variant[1]}, {variant[2]} embeddings) of "
+                             f"{row['template']} at d_model {row['d_model']}, seed {row.get('seed', 0)}, with n = "
+                             f"{row['n']}; sweep_factors reads one run per n and curve")
         curve[row["n"]] = row
     out = []
-    for (template, width), variants in curves.items():
-        plain = variants.pop("plain", {})
-        for variant, augmented in variants.items():
-            needed = {name: smallest_n_below_target({n: r["test_error"] for n, r in c.items()})
-                      for name, c in (("plain", plain), ("augmented", augmented))}
-            out.append({"template": template, "d_model": width, "augmented": variant,
-                        "factors": data_factors({"plain": {n: r["test_loss"] for n, r in plain.items()},
-                                                 "augmented": {n: r["test_loss"] for n, r in augmented.items()}}),
-                        f"n_to_error_below_{ERROR_TARGET}": needed})
+    for (template, width, seed), variants in curves.items():
+        plains = {v: c for v, c in variants.items() if v[0] == "plain"}
+        for (kind, lr, embeddings), augmented in variants.items():
+            if kind == "plain":
+                continue
+            for (_, plain_lr, plain_embeddings), plain in plains.items():
+                needed = {name: smallest_n_below_target({n: r["test_error"] for n, r in c.items()})
+                          for name, c in (("plain", plain), ("augmented", augmented))}
+                out.append({"template": template, "d_model": width, "seed": seed, "augmented": kind,
+                            "augmented_lr": lr, "plain_lr": plain_lr, "embeddings": [plain_embeddings, embeddings],
+                            "factors": data_factors({"plain": {n: r["test_loss"] for n, r in plain.items()},
+                                                     "augmented": {n: r["test_loss"] for n, r in augmented.items()}}),
+                            f"n_to_error_below_{ERROR_TARGET}": needed})
     return out
+
+
+def sweep_means(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per template, width, curve and n trained in more than one seed: the seeds, and the mean and
+    standard deviation (over seeds) of the test loss and error. Unfinished runs are left out."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in (r for r in rows if r["stopped"] != "unfinished"):
+        groups.setdefault((row["template"], row["d_model"], *_variant(row), row["n"]), []).append(row)
+    out = []
+    for (template, width, kind, lr, embeddings, n), runs in groups.items():
+        if len(runs) < 2:
+            continue
+        losses = torch.tensor([r["test_loss"] for r in runs], dtype=torch.float64)
+        errors = torch.tensor([r["test_error"] for r in runs], dtype=torch.float64)
+        out.append({"template": template, "d_model": width, "variant": kind, "lr": lr, "embeddings": embeddings,
+                    "n": n, "seeds": sorted(r.get("seed", 0) for r in runs),
+                    "test_loss_mean": round(losses.mean().item(), 4), "test_loss_std": round(losses.std().item(), 4),
+                    "test_error_mean": round(errors.mean().item(), 4), "test_error_std": round(errors.std().item(), 4)})
+    return sorted(out, key=lambda m: (m["template"], m["d_model"], m["variant"], m["lr"], m["embeddings"], m["n"]))
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m analyses.studies.templates SWEEP_DIR...`: one line per templates run (n, width,
     variant, steps, test loss and error on unseen symbols, |a_h|, |b_h|), then per template and
-    width the data-efficiency factors of plain vs augmented (per identity lr scale) and the
-    smallest n with test error below 0.05."""
+    width and seed the data-efficiency factors of plain vs augmented (per identity lr scale) and
+    the smallest n with test error below 0.05; then, where an n was trained in several seeds, the
+    mean and standard deviation over them."""
     import argparse
     import json
     import sys
@@ -431,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row))
     for factors in sweep_factors(rows):
         print(json.dumps(factors))
+    for means in sweep_means(rows):
+        print(json.dumps(means))
     return 0
 
 

@@ -98,7 +98,7 @@ def test_a_sweep_stopped_with_sigterm_takes_its_workers_with_it(tmp_path):
     jobs = {name: (tiny_composite_run(seed=i).to_dict(), str(tmp_path / name)) for i, name in enumerate("ab")}
     script = ("import sys, json; from analyses.sweep import _run_pool; "
               "from tests.integration.test_sweep_local import writes_its_pid_and_sleeps; "
-              f"_run_pool(json.loads(sys.argv[1]), 2, print, cell_fn=writes_its_pid_and_sleeps)")
+              "_run_pool(json.loads(sys.argv[1]), 2, print, cell_fn=writes_its_pid_and_sleeps)")
     parent = subprocess.Popen([sys.executable, "-c", script, json.dumps(jobs)], cwd=Path(__file__).parents[2])
     pid_files = [tmp_path / name / "pid" for name in jobs]
     deadline = time.monotonic() + 60

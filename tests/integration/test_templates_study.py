@@ -47,7 +47,7 @@ def test_sweep_reader_lists_each_run_and_the_factor_per_identity_lr_scale(tmp_pa
     the plain-vs-augmented factors per identity lr scale."""
     import dataclasses
 
-    from analyses.studies.templates import cell_config, main, sweep_factors, sweep_rows
+    from analyses.studies.templates import cell_config, main, sweep_factors, sweep_means, sweep_rows
     from models.runs import load_run
     from models.train import Trainer
 
@@ -82,6 +82,20 @@ def test_sweep_reader_lists_each_run_and_the_factor_per_identity_lr_scale(tmp_pa
     assert by_width[(16, "identity_lr_scale 1.0")] == factors[0]
     assert by_width[(32, "identity_lr_scale 1.0")]["n_to_error_below_0.05"] == {"plain": 8, "augmented": 4}
     assert (32, "identity_lr_scale 10.0") not in by_width  # no plain-vs-lr10 pair at that width
+    # seeds are compared within, not refused or averaged; a plain model at another lr is a curve of its own
+    reseeded = [{**r, "seed": 1} for r in rows.values()]
+    other_lr = {**rows["plain-4"], "lr": 3e-2}
+    both = sweep_factors([*rows.values(), *reseeded, other_lr])
+    assert [(f["seed"], f["augmented"], f["plain_lr"]) for f in both] == [
+        (0, "identity_lr_scale 1.0", rows["plain-4"]["lr"]), (0, "identity_lr_scale 1.0", 3e-2),
+        (0, "identity_lr_scale 10.0", rows["plain-4"]["lr"]), (0, "identity_lr_scale 10.0", 3e-2),
+        (1, "identity_lr_scale 1.0", rows["plain-4"]["lr"]), (1, "identity_lr_scale 10.0", rows["plain-4"]["lr"])]
+    assert [f for f in both if f["seed"] == 1] == [{**f, "seed": 1} for f in factors]
+    means = sweep_means([*rows.values(), *reseeded])
+    assert len(means) == 5 and all(m["seeds"] == [0, 1] and m["test_error_std"] == 0.0 for m in means)
+    plain_4 = next(m for m in means if (m["variant"], m["n"]) == ("plain", 4))
+    assert plain_4["test_loss_mean"] == round(rows["plain-4"]["test_loss"], 4)
+    assert sweep_means(list(rows.values())) == []  # one seed per n: nothing to average
     assert main([str(tmp_path), str(tmp_path / "lr10")]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     assert len(printed) == 5 + 2 and json.loads(printed[-1])["augmented"] == "identity_lr_scale 10.0"
