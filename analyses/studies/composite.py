@@ -468,13 +468,17 @@ def mechanism_measures(run: LoadedRun, scale: str, protocol: str | None = None) 
 
 
 def contrast_cells(scale: str, overrides: Sequence[str] = (), gammas: tuple[float, float] | None = None,
-                   protocol: str | None = None) -> dict[str, RunConfig]:
-    """The mechanism study's two 2-layer models, seed 0, at the contrast gammas (`gammas`, else
-    the scale's), on the base config of `protocol` with the study's `--set` overrides."""
+                   protocol: str | None = None, seeds: Sequence[int] = (0,)) -> dict[str, RunConfig]:
+    """The mechanism study's 2-layer models at the contrast gammas (`gammas`, else the scale's),
+    on the base config of `protocol` with the study's `--set` overrides: a pair per seed (`--seeds`;
+    default seed 0), named small_gamma and large_gamma, with -s<seed> after them for other seeds."""
     base = with_model(base_config(scale, overrides, protocol), n_layers=2)
-    base = dataclasses.replace(base, train=dataclasses.replace(base.train, seed=0))
-    return {name: with_model(base, init_gamma=gamma)
-            for name, gamma in contrast_gammas(scale, gammas, protocol).items()}
+    cells = {}
+    for seed in seeds:
+        seeded = dataclasses.replace(base, train=dataclasses.replace(base.train, seed=seed))
+        for name, gamma in contrast_gammas(scale, gammas, protocol).items():
+            cells[name if seed == 0 else f"{name}-s{seed}"] = with_model(seeded, init_gamma=gamma)
+    return cells
 
 
 def _flow_rows(measures: dict[str, dict[str, Any]]) -> list[list[Any]]:
@@ -510,7 +514,7 @@ def flow_figure(measures: dict[str, dict[str, Any]]):
 
 def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
     started = time.perf_counter()
-    cells = contrast_cells(ctx.scale, ctx.overrides, ctx.gammas, ctx.protocol)
+    cells = contrast_cells(ctx.scale, ctx.overrides, ctx.gammas, ctx.protocol, ctx.seeds_or([0]))
     trained = ctx.run_cells(cells, "runs")
     measures = {name: ({"status": r.status} if r.status != "done"
                        else mechanism_measures(load_run(ctx.out / "runs" / name), ctx.scale, ctx.protocol))
@@ -518,10 +522,10 @@ def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
     n_layers = 2
     summary_keys = ["verdict", "seen_accuracy", "held_out_inferential", "held_out_symmetric", "cosine_same_target",
                     "cosine_different_target", "embedding_top1", "embedding_top3"]
-    sections = [("Models", table_html([[name, cells[name].model.init_gamma, *(m.get(k) for k in summary_keys),
-                                      (m.get("query_condensation") or {}).get("share_aligned")]
-                                     for name, m in measures.items()],
-                                    ["model", "gamma", *summary_keys, "W_Q aligned share"])),
+    sections = [("Models", table_html([[name, cells[name].model.init_gamma, cells[name].train.seed,
+                                       *(m.get(k) for k in summary_keys), (m.get("query_condensation") or {}).get("share_aligned")]
+                                      for name, m in measures.items()],
+                                     ["model", "gamma", "seed", *summary_keys, "W_Q aligned share"])),
                 ("Information flow per layer (attention, head-averaged; patching: 0 corrupted .. 1 clean)",
                figure_html(flow_figure(measures), "Attention from the last token to key and anchors and from the "
                            "anchors to the key, and residual patching at each site, per layer (Figure 3).")

@@ -162,6 +162,15 @@ def test_protocol_matched_trains_the_matched_blocks_in_a_folder_of_its_own(tmp_p
         assert says in capsys.readouterr().err and not (tmp_path / "refused").exists()
 
 
+def test_seeds_give_the_mechanism_study_a_pair_per_seed():
+    from analyses.studies.composite import contrast_cells
+
+    cells = contrast_cells("tiny", gammas=(0.5, 0.9), protocol="matched", seeds=(0, 2))
+    assert {name: (c.model.init_gamma, c.train.seed, c.model.n_layers) for name, c in cells.items()} == {
+        "small_gamma": (0.5, 0, 2), "large_gamma": (0.9, 0, 2),  # seed 0 keeps the names older folders use
+        "small_gamma-s2": (0.5, 2, 2), "large_gamma-s2": (0.9, 2, 2)}
+
+
 def test_the_matched_cpu_protocol_is_the_preset_its_phase_diagram_was_trained_with():
     """The phase diagram in analyses/RESULTS.md was trained by `workbench sweep` with these
     settings spelled out; the study's cells must be the same runs."""
