@@ -124,7 +124,27 @@ LEGO_THREE_HOPS_ALBERT = Curriculum(
     about="lego-three-hops for ALBERT (tied layers), with a 6,000-step first stage",
 )
 
-CURRICULA = {c.name: c for c in (LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT)}
+# The paper's task shape: after the three stages, n = 12 with twelve letters and #0-#5 supervised
+# (the paper supervises the first half of its 12 variables). Meant for 12 layers on a GPU
+# (analyses/gpu/lego12.sh); the stages before it are the ones above, unchanged.
+LEGO_N12_STAGE = Stage("4-n12", ("task.n_vars=12", "task.n_letters=12", "task.n_supervised=6", "train.steps=2000",
+                                 "train.warmup_steps=100"))
+LEGO_N12 = Curriculum(
+    name="lego-n12",
+    preset=LEGO_THREE_HOPS.preset,
+    common=LEGO_THREE_HOPS.common,
+    stages=(*LEGO_THREE_HOPS.stages, LEGO_N12_STAGE),
+    about="lego-three-hops, then the paper's task: #0-#5 of n = 12 with twelve letters",
+)
+LEGO_N12_ALBERT = Curriculum(
+    name="lego-n12-albert",
+    preset=LEGO_THREE_HOPS_ALBERT.preset,
+    common=LEGO_THREE_HOPS_ALBERT.common,
+    stages=(*LEGO_THREE_HOPS_ALBERT.stages, LEGO_N12_STAGE),
+    about="lego-three-hops-albert (tied layers), then #0-#5 of n = 12 with twelve letters",
+)
+
+CURRICULA = {c.name: c for c in (LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT, LEGO_N12, LEGO_N12_ALBERT)}
 
 
 def get_curriculum(name: str) -> Curriculum:

@@ -15,7 +15,8 @@
 # again on the same OUT_DIR continues. DEADLINE_S > 0 stops everything that many seconds after the
 # start. Exit status: 0 when every run trained (and was analysed), 3 when the deadline stopped some
 # (run again to resume them), 1 when one failed (its log, OUT_DIR/NAME.log, says why). Env: PYTHON (default python3), DEVICE (default cuda), EXTRA (more --set flags for every
-# stage, space-separated, e.g. a smoke test's train.steps=20), ANALYZE (default 1; 0 trains only). The analysis writes
+# stage, space-separated, e.g. a smoke test's train.steps=20), ANALYZE (default 1; 0 trains only), LAYERS (default 8;
+# analyses/gpu/lego12.sh sets 12). The analysis writes
 # an HTML report too, so the machine needs the project's dependencies, circuitsvis included.
 set -u
 out=${1:?usage: lego8.sh OUT_DIR [DEADLINE_S]}
@@ -30,14 +31,14 @@ albertsd-s0:lego-three-hops-albert:0:4 albertsd-s1:lego-three-hops-albert:1:4}"
 
 one() {  # one NAME CURRICULUM SEED MIN_DEPTH: train the curriculum, then analyse its last stage
   local name=$1 curriculum=$2 seed=$3 min_depth=$4 sets=()
-  sets=(--set model.n_layers=8 --set train.precision=fp32 --set train.seed="$seed" --set train.device="\"$device\"")
+  sets=(--set model.n_layers="${LAYERS:-8}" --set train.precision=fp32 --set train.seed="$seed" --set train.device="\"$device\"")
   [ "$min_depth" != "-" ] && sets+=(--set model.min_depth="$min_depth")
   local extra=()
   read -r -a extra <<<"${EXTRA:-}"
   for s in "${extra[@]}"; do sets+=(--set "$s"); done
   OMP_NUM_THREADS=2 "$py" -m analyses.cli curriculum "$curriculum" --no-progress --out "$out/$name" "${sets[@]}" || return
   local last
-  last=$(ls -d "$out/$name"/3-* | tail -n 1)
+  last=$(ls -d "$out/$name"/[0-9]-* | tail -n 1)  # the last stage
   [ "${ANALYZE:-1}" = 0 ] || [ -f "$last/analysis.json" ] || OMP_NUM_THREADS=2 "$py" -m analyses.cli analyze "$last" --device "$device"
 }
 

@@ -81,6 +81,26 @@ def test_lego8_script_trains_each_curriculum_with_eight_layers_and_resumes(tmp_p
     assert last.read_text() == metrics  # finished stages are kept, not trained again
 
 
+def test_lego12_script_adds_the_papers_n12_stage_with_twelve_layers(tmp_path):
+    """analyses/gpu/lego12.sh: lego8.sh's stages with 12 layers, then #0-#5 of n = 12 (the paper's
+    task) from the third stage's weights; tied layers for ALBERT."""
+    tiny = ("train.steps=2 train.eval_every=2 train.eval_size=32 train.batch_size=16 train.checkpoint_every=2 "
+            "train.compile=false model.d_model=16")
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "EXTRA": tiny, "ANALYZE": "0",
+           "PYTHONPATH": str(ROOT), "RUNS": "albert-s1:lego-n12-albert:1:-"}
+    done = subprocess.run(["bash", str(ROOT / "analyses/gpu/lego12.sh"), str(tmp_path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    stages = sorted(p.name for p in (tmp_path / "albert-s1").iterdir() if p.is_dir())
+    assert stages == ["1-one-hop", "2-three-hops-n6", "3-three-hops-n8", "4-n12"]
+    configs = {stage: json.loads((tmp_path / "albert-s1" / stage / "config.json").read_text()) for stage in stages}
+    assert all((c["model"]["n_layers"], c["model"]["tie_layers"], c["train"]["seed"]) == (12, True, 1)
+               for c in configs.values())
+    last = configs["4-n12"]
+    assert (last["task"]["n_vars"], last["task"]["n_letters"], last["task"]["n_supervised"]) == (12, 12, 6)
+    assert last["train"]["init_from"].endswith("3-three-hops-n8")
+
+
 def test_lego8_script_fails_when_a_run_fails(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "ANALYZE": "0", "PYTHONPATH": str(ROOT),
            "RUNS": "typo:lego-three-hopz:0:-"}
