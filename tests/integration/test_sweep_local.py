@@ -86,9 +86,9 @@ def writes_its_pid_and_sleeps(name: str, cfg_dict: dict, run_dir: str) -> CellRe
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"  # a zombie is gone
+    except (ProcessLookupError, FileNotFoundError):  # gone, possibly between the two reads
         return False
-    return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"  # a zombie is gone
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker states from /proc (Linux)")
