@@ -217,6 +217,21 @@ def cell_measures(run: LoadedRun, n: int, seed: int = 0) -> dict[str, Any]:
     }
 
 
+COMPLEXITY_KEYS = ("verdict", "seen_accuracy", "held_out_inferential", "held_out_symmetric", "cosine_same_target",
+                   "cosine_different_target", "embedding_top1", "embedding_top3")
+
+
+def complexity_row(run: LoadedRun, n: int) -> dict[str, Any]:
+    """The phase study's per-run vectors and complexity columns (`cell_measures`) of one run, with
+    its gamma, depth, width and step: what `--cells --complexity` prints."""
+    measures = cell_measures(run, n)
+    condensation = measures["query_condensation"]
+    return {"init_gamma": run.config.model.init_gamma, "n_layers": run.config.model.n_layers,
+            "d_model": run.config.model.d_model, "step": run.weights.step if run.weights else None,
+            **{k: measures[k] for k in COMPLEXITY_KEYS}, "wq_share_aligned": condensation["share_aligned"],
+            "wq_mean_abs_cosine": condensation["mean_abs_cosine"], "wq_random_baseline": condensation["random_baseline"]}
+
+
 def train_and_measure(ctx: StudyContext, base: RunConfig, grid: dict[str, list[Any]]
                       ) -> tuple[dict[str, dict[str, Any]], dict[str, CellResult], dict[str, dict[str, Any]]]:
     """The cell loop of the grid studies (phase, lr-wd): every combination of `grid` on `base`,
@@ -607,9 +622,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --cells: per cell, the mechanism at key position 2 and at the last one (6: the "
                              "pair ends the sequence) instead of the verdict: held-out answers, attention flow, "
                              "residual patching")
+    parser.add_argument("--complexity", action="store_true",
+                        help="with --cells: per cell, the verdict with the vectors and complexity measures of the phase "
+                             "study's report (last-token cosines for equal and other targets, first-layer W_Q "
+                             "condensation, the value embeddings' leading eigenvalue shares)")
     args = parser.parse_args(argv)
     if args.mechanism and not args.cells:
         parser.error("--mechanism reads cells one by one; add --cells")
+    if args.complexity and (not args.cells or args.mechanism):
+        parser.error("--complexity reads cells one by one: add --cells (and leave out --mechanism)")
     finished, in_progress = args.sweep_dir / "sweep.json", args.sweep_dir / "cells.json"
     if args.cells and not finished.exists() and in_progress.exists():  # the cells a sweep has finished so far
         index = {"cells": json.loads(in_progress.read_text())}
@@ -628,6 +649,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"cell": name, "by_key_position": by_position}))
         return 0
     n = args.n or SCALES["cpu"].eval_samples
+    if args.cells and args.complexity:
+        for name, cell in index["cells"].items():
+            if cell.get("status") == "done":
+                print(json.dumps({"cell": name, **complexity_row(load_run(args.sweep_dir / name), n)}))
+        return 0
     if args.cells:
         for name, row in sweep_cell_rows(index, args.sweep_dir, n).items():
             print(json.dumps({"cell": name, **row}))

@@ -278,3 +278,31 @@ def test_mechanism_by_key_position_lines_up_the_pair_where_asked(tmp_path, capsy
     row = json.loads(capsys.readouterr().out)
     assert row["by_key_position"]["6"]["patching_key"] == {k: v for k, v in at_end["patching_key"].items()}
     assert row["cell"] == "run" and set(row["by_key_position"]) == {"2", "6"}
+
+
+def test_cells_complexity_prints_the_phase_studys_vectors_and_condensation_per_run(tmp_path, capsys):
+    """`--cells --complexity` on a plain folder of runs: per run the verdict, the last-token
+    cosines, the first-layer W_Q condensation and the embedding spectrum, as the phase study's
+    report, and the step of the weights read."""
+    from analyses.studies.composite import main
+    from interp.complexity import query_condensation
+    from models.runs import load_run
+    from models.train import Trainer
+    from tests.helpers import tiny_composite_run
+
+    Trainer(tiny_composite_run(steps=10), tmp_path / "run", progress=False).fit()
+    assert main([str(tmp_path), "--cells", "--complexity", "--n", "64"]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    row = json.loads(line)
+    run = load_run(tmp_path / "run")
+    condensation = query_condensation(run.model, 0)
+    assert (row["cell"], row["step"], row["d_model"]) == ("run", 10, run.config.model.d_model)
+    assert row["wq_share_aligned"] == round(condensation.share_aligned, 4)
+    assert row["wq_mean_abs_cosine"] == round(condensation.mean_abs_cosine, 4)
+    assert -1 <= row["cosine_different_target"] <= 1 and -1 <= row["cosine_same_target"] <= 1
+    assert 0 < row["embedding_top1"] <= row["embedding_top3"] <= 1
+    assert row["verdict"] in ("inferential", "symmetric", "mixed", "unlearned")
+    for argv in (["--complexity"], ["--cells", "--mechanism", "--complexity"]):
+        with pytest.raises(SystemExit) as refused:
+            main([str(tmp_path), *argv])
+        assert refused.value.code == 2
