@@ -10,6 +10,7 @@ task (six letters, #0-#2) keeps going: #0-#4 of n = 6, then #0-#4 of n = 8 with 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,20 +130,11 @@ LEGO_THREE_HOPS_ALBERT = Curriculum(
 # (analyses/gpu/lego12.sh); the stages before it are the ones above, unchanged.
 LEGO_N12_STAGE = Stage("4-n12", ("task.n_vars=12", "task.n_letters=12", "task.n_supervised=6", "train.steps=2000",
                                  "train.warmup_steps=100"))
-LEGO_N12 = Curriculum(
-    name="lego-n12",
-    preset=LEGO_THREE_HOPS.preset,
-    common=LEGO_THREE_HOPS.common,
-    stages=(*LEGO_THREE_HOPS.stages, LEGO_N12_STAGE),
-    about="lego-three-hops, then the paper's task: #0-#5 of n = 12 with twelve letters",
-)
-LEGO_N12_ALBERT = Curriculum(
-    name="lego-n12-albert",
-    preset=LEGO_THREE_HOPS_ALBERT.preset,
-    common=LEGO_THREE_HOPS_ALBERT.common,
-    stages=(*LEGO_THREE_HOPS_ALBERT.stages, LEGO_N12_STAGE),
-    about="lego-three-hops-albert (tied layers), then #0-#5 of n = 12 with twelve letters",
-)
+LEGO_N12 = dataclasses.replace(LEGO_THREE_HOPS, name="lego-n12", stages=(*LEGO_THREE_HOPS.stages, LEGO_N12_STAGE),
+                               about="lego-three-hops, then the paper's task: #0-#5 of n = 12 with twelve letters")
+LEGO_N12_ALBERT = dataclasses.replace(
+    LEGO_THREE_HOPS_ALBERT, name="lego-n12-albert", stages=(*LEGO_THREE_HOPS_ALBERT.stages, LEGO_N12_STAGE),
+    about="lego-three-hops-albert (tied layers), then #0-#5 of n = 12 with twelve letters")
 
 CURRICULA = {c.name: c for c in (LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT, LEGO_N12, LEGO_N12_ALBERT)}
 
