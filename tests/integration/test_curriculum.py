@@ -43,6 +43,18 @@ def test_the_three_hop_curriculum_is_plain_and_ends_on_n8_with_five_supervised()
     assert configs[0].heads_origin == "learned" and configs[2].train.init_from == "x/2-three-hops-n6"
 
 
+def test_the_n12_curricula_add_the_papers_task_after_the_three_hop_stages():
+    from models.curriculum import LEGO_N12, LEGO_N12_ALBERT, LEGO_THREE_HOPS_ALBERT
+
+    for curriculum, before, tied in ((LEGO_N12, LEGO_THREE_HOPS, False), (LEGO_N12_ALBERT, LEGO_THREE_HOPS_ALBERT, True)):
+        assert curriculum.stages[:-1] == before.stages and curriculum.common == before.common
+        configs = curriculum.configs(["a", "b", "c", "d"], ["model.n_layers=12"])
+        assert all((c.model.n_layers, c.model.tie_layers, c.model.planted) == (12, tied, {}) for c in configs)
+        last = configs[-1]
+        assert (last.task.n_vars, last.task.n_letters, last.task.n_supervised) == (12, 12, 6)
+        assert last.train.init_from == "c"
+
+
 def test_cli_lists_curricula_and_refuses_bad_requests(tmp_path, capsys):
     assert main(["curriculum", "--list"]) == 0
     assert "lego-three-hops" in capsys.readouterr().out

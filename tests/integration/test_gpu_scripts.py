@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ("--set train.steps=4 --set train.eval_every=2 --set train.eval_size=64 --set train.n_train=500 "
         "--set train.warmup_steps=1 --set train.batch_size=16 --set train.precision=fp32 --set train.compile=false "
@@ -81,6 +83,7 @@ def test_lego8_script_trains_each_curriculum_with_eight_layers_and_resumes(tmp_p
     assert last.read_text() == metrics  # finished stages are kept, not trained again
 
 
+@pytest.mark.slow  # 45 s; the curricula's configs are checked fast in test_curriculum.py
 def test_lego12_script_adds_the_papers_n12_stage_with_twelve_layers(tmp_path):
     """analyses/gpu/lego12.sh: lego8.sh's stages with 12 layers, then #0-#5 of n = 12 (the paper's
     task) from the third stage's weights; tied layers for ALBERT."""
