@@ -63,7 +63,7 @@ def composite_matched() -> RunConfig:
     waits for the held-out (4,3) answers to settle: at least 5,000 steps, then no gain in seen
     accuracy and neither held-out rate moving by more than .03 over 10 evaluations of 200 steps;
     at most 30,000 steps. Small init (gamma 0.9) by default, the inferential corner. The runs of
-    the phase diagram at depth 2-4 took 5,000-11,200 steps, 13-49 minutes of one core (compiled
+    the phase diagram at depth 2-4 took 5,000-11,200 steps, 11-49 minutes of one core (compiled
     fp32, beside other training)."""
     cpu = composite_cpu()
     return RunConfig(

@@ -138,8 +138,8 @@ SCALES = Scales(
 
 # `--protocol matched`: the protocol nearest the paper's that gave both of its depth-2 corners on cpu
 # (analyses/RESULTS.md, issue 27). Phase: the gammas around the corners (0.5 large init .. 1.0, std
-# .088 .. .008 at width 128) at depth 2-4, 2 seeds: 24 runs of 13-49 minutes of one core each (measured
-# beside other training), about 5 hours with --workers 2.
+# .088 .. .008 at width 128) at depth 2-4, 2 seeds: 24 runs of 11-49 minutes of one core each (measured
+# beside other training), 11 hours of one core in all: 5-6 hours with --workers 2.
 # Contrast: 0.5 vs 0.9, the symmetric and inferential depth-2 models of that protocol. lr x wd: its
 # lr 1e-4 and the two larger ones it was measured at, times the weight decay of finding 5. Only the
 # tiny and cpu scales: the gpu and paper scales train presets at the paper's width (composite-paper: its
