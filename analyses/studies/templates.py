@@ -423,7 +423,7 @@ def sweep_factors(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def sweep_means(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per template, width, curve and n trained in more than one seed: the seeds, and the mean and
-    standard deviation (over seeds) of the test loss and error. Unfinished runs are left out."""
+    standard deviation (over seeds, as the studies' tables: `_mean_std`) of the test loss and error. Unfinished runs are left out."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in (r for r in rows if r["stopped"] != "unfinished"):
         groups.setdefault((row["template"], row["d_model"], *_variant(row), row["n"]), []).append(row)
@@ -431,12 +431,11 @@ def sweep_means(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (template, width, kind, lr, embeddings, n), runs in groups.items():
         if len(runs) < 2:
             continue
-        losses = torch.tensor([r["test_loss"] for r in runs], dtype=torch.float64)
-        errors = torch.tensor([r["test_error"] for r in runs], dtype=torch.float64)
+        (loss, loss_std), (error, error_std) = (_mean_std([r[k] for r in runs]) for k in ("test_loss", "test_error"))
         out.append({"template": template, "d_model": width, "variant": kind, "lr": lr, "embeddings": embeddings,
                     "n": n, "seeds": sorted(r.get("seed", 0) for r in runs),
-                    "test_loss_mean": round(losses.mean().item(), 4), "test_loss_std": round(losses.std().item(), 4),
-                    "test_error_mean": round(errors.mean().item(), 4), "test_error_std": round(errors.std().item(), 4)})
+                    "test_loss_mean": round(loss, 4), "test_loss_std": round(loss_std, 4),
+                    "test_error_mean": round(error, 4), "test_error_std": round(error_std, 4)})
     return sorted(out, key=lambda m: (m["template"], m["d_model"], m["variant"], m["lr"], m["embeddings"], m["n"]))
 
 
