@@ -423,7 +423,8 @@ def sweep_factors(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def sweep_means(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per template, width, curve and n trained in more than one seed: the seeds, and the mean and
-    standard deviation (over seeds, as the studies' tables: `_mean_std`) of the test loss and error. Unfinished runs are left out."""
+    standard deviation (over seeds, as the studies' tables: `_mean_std`) of the test loss and error.
+    Unfinished runs are left out."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in (r for r in rows if r["stopped"] != "unfinished"):
         groups.setdefault((row["template"], row["d_model"], *_variant(row), row["n"]), []).append(row)
