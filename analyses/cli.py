@@ -147,6 +147,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="where the model and its batches run (default: cpu, whatever device trained the run, so "
                               "the numbers are the same on every machine; cuda agrees within fp32 rounding; "
                               "auto = CUDA when present)")
+    analyze.add_argument("--timeline", action="store_true",
+                         help="instead: the verdict, head labels, exact head patching, the circuit (nodes) and the "
+                              "probes at every snapshot of the run's weights, as timeline.json and a report section")
+    analyze.add_argument("--no-progress", action="store_true", help="no progress bar (with --timeline)")
     analyze.set_defaults(run=_cmd_analyze)
 
     outside = sub.add_parser("analyze-model", help="the same analysis on your own HookedTransformer and prompt pairs",
@@ -351,7 +355,7 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from analyses.demo import check_demo_folder, demo_learned
-    from models.runs import DEMO, LOCK, RUN_FILES, atomic_write_bytes, run_lock
+    from models.runs import DEMO, LOCK, RUN_FILES, SNAPSHOTS, atomic_write_bytes, remove_snapshots, run_lock
 
     cfg = _resolve_config(args, "lego-cpu", "lego")
     started = time.perf_counter()
@@ -359,7 +363,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     with run_lock(args.out):  # nobody else writes the folder while the demo empties and retrains it
         check_demo_folder(args.out)  # again under the lock: a run written meanwhile is not deleted
         for path in args.out.iterdir():  # the demo starts fresh, but deletes only a run folder's own files
-            if path.name in RUN_FILES and path.name != LOCK:
+            if path.name == SNAPSHOTS:
+                remove_snapshots(args.out)
+            elif path.name in RUN_FILES and path.name != LOCK:
                 path.unlink()
         atomic_write_bytes(args.out / DEMO, json.dumps({"config": cfg.to_dict()}, indent=1).encode())
         status = _train(cfg, args.out, resume=False, progress=not args.no_progress)
@@ -392,6 +398,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if not (args.run_dir / "model.safetensors").exists():
         raise ConfigError(f"{args.run_dir} holds no trained model (model.safetensors); train it first")
     device = resolve_device(args.device, setting="analyze --device")
+    if getattr(args, "timeline", False):
+        return _analyze_timeline(args, device)
     with run_lock(args.run_dir):  # a folder in training is refused, naming the trainer; nothing it writes is overwritten
         run = load_run(args.run_dir, device=device)
         analysis = analyze_run(run, n_samples=args.samples, seed=args.seed, device=device)
@@ -399,6 +407,27 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         report_path = write_run_report(run, analysis=analysis)
     print(task_analysis(analysis.task).headline(analysis.verdict))
     print(f"wrote {json_path} and {report_path} in {analysis.seconds:.0f} s on {device.type}")
+    return 0
+
+
+def _analyze_timeline(args: argparse.Namespace, device) -> int:
+    """`analyze --timeline`: every snapshot analysed (interp/timeline.py), timeline.json and the
+    report rewritten with its section. The snapshots are checked before anything is written."""
+    from interp.run_report import write_run_report
+    from interp.timeline import analyze_timeline, moments, write_timeline
+    from models.runs import load_run, run_lock
+
+    with run_lock(args.run_dir):
+        run = load_run(args.run_dir, device=device)
+        moments(run.path)  # no snapshots, or a damaged index: exit 2 before the analysis starts
+        timeline = analyze_timeline(run, seed=args.seed, device=device, progress=not args.no_progress)
+        path = write_timeline(run.path, timeline)
+        report_path = write_run_report(run)
+    summary = timeline["summary"]
+    changes = ", ".join(f"{c['from']} -> {c['to']} at step {c['step']}" for c in summary["changes"]) or "none"
+    print(f"{summary['final_label']}, decided at step {summary['decided_at']} ({len(timeline['points'])} moments; "
+          f"changes: {changes})")
+    print(f"wrote {path} and {report_path} in {timeline['seconds']:.0f} s on {device.type}")
     return 0
 
 

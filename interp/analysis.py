@@ -128,7 +128,11 @@ class TaskAnalysis:
     verdict_html, probes_html -> report sections, from analysis.json's verdict and probes;
     curves(run) -> the training-curve figure;
     planted_note -> HTML the report adds where a run's model has planted heads (what such a model
-      of this task is not, and where to look instead)."""
+      of this task is not, and where to look instead);
+    verdict_label(verdict dict) -> the verdict in a word or phrase, for the timeline (default: its
+      "verdict" field);
+    timeline_panels(verdict dict) -> panel title -> series name -> value: the evidence a timeline
+      draws (default: every number of the verdict, grouped by field; interp/timeline.py)."""
 
     findings: Callable[[LoadedRun, int], tuple[Probes | None, Verdict]]
     headline: Callable[[Verdict], str]
@@ -138,6 +142,8 @@ class TaskAnalysis:
     curves_caption: str
     circuit_findings: Callable[[Verdict, Circuit, dict[str, str], set[str]], Verdict] | None = None
     planted_note: str = ""
+    verdict_label: Callable[[dict[str, Any]], str] | None = None
+    timeline_panels: Callable[[dict[str, Any]], dict[str, dict[str, float]]] | None = None
 
 
 TASK_ANALYSES: dict[str, TaskAnalysis] = {}  # task name -> its analysis, filled by the modules of interp/tasks/
