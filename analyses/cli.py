@@ -459,8 +459,9 @@ _SWEEP_HELP = """Train every combination of the --grid values on top of a preset
 run folder under --out (named like init_gamma=0.3__n_layers=2__seed=0), next to sweep.json (the
 index: grid, status, wall time and final metrics per cell) and report.html. Re-running the same
 command skips finished (and diverged) cells, resumes killed ones and retries failed ones.
-Exit status 1 when some cell failed (re-run to retry), 2 when a cell's folder holds a damaged file
-or another run (a re-run cannot fix it: the message names the file). Example:
+Exit status 1 when some cell failed or its folder was busy (re-run to retry), 2 when a cell's folder
+holds a damaged file or another run (a re-run cannot fix it: the message names the file). Killed
+in any way, the sweep's workers die with it (Linux), and the same command resumes it. Example:
   workbench sweep --preset composite-cpu --grid model.init_gamma=0.3,0.5 model.n_layers=2,3 \\
       train.seed=0,1 --out runs/sweeps/x"""
 

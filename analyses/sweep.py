@@ -35,6 +35,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from analyses.lifeline import die_with, dying_with, machine_key, watched_pid
 from models.config import RunConfig, parse_value
 from models.runs import (
     CONFIG,
@@ -45,11 +46,13 @@ from models.runs import (
     run_state,
     same_recipe,
 )
+from models.safe_files import FolderBusy, run_lock
 from tasks import ConfigError
 
 BACKENDS = ("local", "ray")
 INDEX, CELLS_INDEX = "sweep.json", "cells.json"
 CellFn = Callable[[str, dict[str, Any], str], "CellResult"]
+LOCK_GRACE_S = 10.0  # how long a cell waits for its folder's lock (a killed sweep's worker dies in ~1 s)
 
 
 @dataclass
@@ -69,10 +72,20 @@ class CellResult:
 
 
 def train_cell(name: str, cfg_dict: dict[str, Any], run_dir: str) -> CellResult:
-    """Train (or resume, or skip) one cell. Module-level and picklable, so any backend can call it."""
+    """Train (or resume, or skip) one cell. Module-level and picklable, so any backend can call it.
+    The cell's folder is locked first, waiting up to LOCK_GRACE_S for a worker of a killed sweep
+    to die; a folder still busy after that is `failed` (a re-run retries it), not refused."""
+    try:
+        with run_lock(run_dir, wait=LOCK_GRACE_S):
+            return _train_locked_cell(name, RunConfig.from_dict(cfg_dict), Path(run_dir))
+    except FolderBusy as err:
+        return CellResult(name, "failed", error=f"{err}; re-run the sweep once it has finished")
+
+
+def _train_locked_cell(name: str, cfg: RunConfig, path: Path) -> CellResult:
+    """`train_cell` under the cell's lock."""
     from models.train import Trainer, TrainingDiverged
 
-    cfg, path = RunConfig.from_dict(cfg_dict), Path(run_dir)
     try:  # a cell folder with a damaged config or metrics is recorded as failed, naming the file
         if (path / CONFIG).exists() and not same_recipe(read_config(path), cfg):
             return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away", refused=True)
@@ -168,9 +181,11 @@ def _pool_round(jobs: dict[str, tuple[dict, str]], workers: int, record: Callabl
     threads = threads_per_worker(workers)
     context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
     lost: list[str] = []
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)) or 1, mp_context=context)
+    # every worker dies with this process, however it ends (analyses/lifeline.py)
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)) or 1, mp_context=context,
+                               initializer=die_with, initargs=(os.getpid(),))
     try:
-        with _sigterm_raises():
+        with _stop_signals_raise():
             futures = {pool.submit(_call_with_threads, cell_fn, threads, name, *job): name for name, job in jobs.items()}
             pending = set(futures)
             while pending:
@@ -188,12 +203,16 @@ def _pool_round(jobs: dict[str, tuple[dict, str]], workers: int, record: Callabl
     return [name for name in jobs if name in lost]
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # `kill PID`; a closed terminal or a lost ssh session
+
+
 @contextlib.contextmanager
-def _sigterm_raises():
-    """While inside, SIGTERM (`kill PID`) raises SystemExit(143) in the main thread, as Ctrl-C
-    raises KeyboardInterrupt, so the caller can stop its workers before it exits. Without it the
-    parent dies at once and its workers train on, orphaned, until their cells end: a restarted
-    sweep would then train the same folders twice. Elsewhere than the main thread, a no-op."""
+def _stop_signals_raise():
+    """While inside, SIGTERM (`kill PID`) and SIGHUP (the terminal closed) raise
+    SystemExit(128 + signal) in the main thread, as Ctrl-C raises KeyboardInterrupt, so the
+    caller stops its workers before it exits. A SIGKILL cannot be caught: for it, and for any
+    other death, each worker watches this process itself (analyses/lifeline.py). Elsewhere than
+    the main thread, a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -201,11 +220,12 @@ def _sigterm_raises():
     def terminated(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
 
-    before = signal.signal(signal.SIGTERM, terminated)
+    before = {signum: signal.signal(signum, terminated) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
@@ -231,6 +251,14 @@ def _call_with_threads(cell_fn: CellFn, threads: int, name: str, cfg_dict: dict[
         return cell_fn(name, cfg_dict, run_dir)
     finally:
         torch.set_num_threads(before)
+
+
+def _ray_cell(driver: tuple[int, str], name: str, cfg_dict: dict[str, Any], run_dir: str) -> CellResult:
+    """One cell as a Ray task, with one torch thread. On the driver's machine the Ray worker dies
+    with the driver (a killed sweep leaves no cell training); on other machines Ray itself
+    stops the tasks of a job whose driver has gone."""
+    with dying_with(watched_pid(driver)):
+        return _call_with_threads(train_cell, 1, name, cfg_dict, run_dir)
 
 
 def check_ray_address(address: str) -> None:
@@ -277,8 +305,9 @@ def _run_ray(jobs: dict[str, tuple[dict, str]], workers: int, address: str | Non
                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(_import_roots())}})
     try:
         gpus = gpu_share(ray.cluster_resources().get("GPU", 0), workers)
-        remote = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(_call_with_threads)
-        refs = {remote.remote(train_cell, 1, name, *job): name for name, job in jobs.items()}
+        remote = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(_ray_cell)
+        driver = (os.getpid(), machine_key())
+        refs = {remote.remote(driver, name, *job): name for name, job in jobs.items()}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
