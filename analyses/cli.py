@@ -386,12 +386,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from interp.analysis import analyze_run, task_analysis, write_analysis
     from interp.run_report import write_run_report
-    from models.runs import load_run, run_lock
+    from models.memory import check_memory
+    from models.runs import load_run, read_config, run_lock
     from models.train import resolve_device
+    from tasks import make_task
 
     if not (args.run_dir / "model.safetensors").exists():
         raise ConfigError(f"{args.run_dir} holds no trained model (model.safetensors); train it first")
     device = resolve_device(args.device, setting="analyze --device")
+    cfg = read_config(args.run_dir)
+    try:
+        check_memory(cfg, make_task(cfg.task), device, purpose="analyze", n_samples=args.samples)
+    except ConfigError as err:
+        raise ConfigError(f"{args.run_dir / 'config.json'}: {err}") from None
     with run_lock(args.run_dir):  # a folder in training is refused, naming the trainer; nothing it writes is overwritten
         run = load_run(args.run_dir, device=device)
         analysis = analyze_run(run, n_samples=args.samples, seed=args.seed, device=device)
@@ -467,7 +474,7 @@ in any way, the sweep's workers die with it (Linux), and the same command resume
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from analyses.sweep import check_ray_address, grid_cells, parse_grid, run_sweep
+    from analyses.sweep import check_ray_address, grid_cells, machine_cores, parse_grid, run_sweep
     from models.presets import get_preset
     from models.runs import run_lock
 
@@ -478,9 +485,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     _load_tasks()  # a task's module in interp/tasks/ may register presets
     base = get_preset(args.preset).with_overrides(args.overrides)
     grid = parse_grid(args.grid)
-    grid_cells(base, grid)  # every cell's config is valid before the folder is made (and locked)
+    cells = grid_cells(base, grid)  # every cell's config is valid before the folder is made (and locked)
+    if not args.address:  # cells on this machine: they must fit in its memory, `workers` at once
+        _check_cells_memory(cells, min(len(cells), args.workers or machine_cores()))
     if args.address:
-        check_ray_address(args.address)  # so is the cluster's address
+        check_ray_address(args.address)  # so is the cluster's address (within seconds)
     with run_lock(args.out):  # one sweep per folder: a second one exits 2 at once, naming the first, and changes nothing
         index = run_sweep(base, grid, args.out, preset=args.preset, workers=args.workers,
                           backend=args.backend, address=args.address, progress=not args.no_progress)
@@ -493,6 +502,16 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if any(cell.get("refused") for cell in index["cells"].values()):
         return EXIT_CONFIG  # a damaged cell folder: running the sweep again cannot fix it
     return 1 if index["counts"].get("failed") else 0
+
+
+def _check_cells_memory(cells: dict, at_once: int) -> None:
+    """Refuse a sweep whose cells, `at_once` of them training together, do not fit in memory."""
+    from models.memory import check_memory
+    from models.train import resolve_device
+    from tasks import make_task
+
+    for cfg in cells.values():
+        check_memory(cfg, make_task(cfg.task), resolve_device(cfg.train.device), copies=at_once)
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
