@@ -392,12 +392,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from interp.analysis import analyze_run, task_analysis, write_analysis
     from interp.run_report import write_run_report
-    from models.runs import load_run, run_lock
+    from models.memory import check_memory
+    from models.runs import load_run, read_config, run_lock
     from models.train import resolve_device
+    from tasks import make_task
 
     if not (args.run_dir / "model.safetensors").exists():
         raise ConfigError(f"{args.run_dir} holds no trained model (model.safetensors); train it first")
     device = resolve_device(args.device, setting="analyze --device")
+    cfg = read_config(args.run_dir)
+    try:
+        check_memory(cfg, make_task(cfg.task), device, purpose="analyze", n_samples=args.samples)
+    except ConfigError as err:
+        raise ConfigError(f"{args.run_dir / 'config.json'}: {err}") from None
     if getattr(args, "timeline", False):
         return _analyze_timeline(args, device)
     with run_lock(args.run_dir):  # a folder in training is refused, naming the trainer; nothing it writes is overwritten
@@ -488,14 +495,15 @@ _SWEEP_HELP = """Train every combination of the --grid values on top of a preset
 run folder under --out (named like init_gamma=0.3__n_layers=2__seed=0), next to sweep.json (the
 index: grid, status, wall time and final metrics per cell) and report.html. Re-running the same
 command skips finished (and diverged) cells, resumes killed ones and retries failed ones.
-Exit status 1 when some cell failed (re-run to retry), 2 when a cell's folder holds a damaged file
-or another run (a re-run cannot fix it: the message names the file). Example:
+Exit status 1 when some cell failed or its folder was busy (re-run to retry), 2 when a cell's folder
+holds a damaged file or another run (a re-run cannot fix it: the message names the file). Killed
+in any way, the sweep's workers die with it (Linux), and the same command resumes it. Example:
   workbench sweep --preset composite-cpu --grid model.init_gamma=0.3,0.5 model.n_layers=2,3 \\
       train.seed=0,1 --out runs/sweeps/x"""
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from analyses.sweep import check_ray_address, grid_cells, parse_grid, run_sweep
+    from analyses.sweep import check_ray_address, grid_cells, machine_cores, parse_grid, run_sweep
     from models.presets import get_preset
     from models.runs import run_lock
 
@@ -506,9 +514,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     _load_tasks()  # a task's module in interp/tasks/ may register presets
     base = get_preset(args.preset).with_overrides(args.overrides)
     grid = parse_grid(args.grid)
-    grid_cells(base, grid)  # every cell's config is valid before the folder is made (and locked)
+    cells = grid_cells(base, grid)  # every cell's config is valid before the folder is made (and locked)
+    if not args.address:  # cells on this machine: they must fit in its memory, `workers` at once
+        _check_cells_memory(cells, min(len(cells), args.workers or machine_cores()))
     if args.address:
-        check_ray_address(args.address)  # so is the cluster's address
+        check_ray_address(args.address)  # so is the cluster's address (within seconds)
     with run_lock(args.out):  # one sweep per folder: a second one exits 2 at once, naming the first, and changes nothing
         index = run_sweep(base, grid, args.out, preset=args.preset, workers=args.workers,
                           backend=args.backend, address=args.address, progress=not args.no_progress)
@@ -521,6 +531,16 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if any(cell.get("refused") for cell in index["cells"].values()):
         return EXIT_CONFIG  # a damaged cell folder: running the sweep again cannot fix it
     return 1 if index["counts"].get("failed") else 0
+
+
+def _check_cells_memory(cells: dict, at_once: int) -> None:
+    """Refuse a sweep whose cells, `at_once` of them training together, do not fit in memory."""
+    from models.memory import check_memory
+    from models.train import resolve_device
+    from tasks import make_task
+
+    for cfg in cells.values():
+        check_memory(cfg, make_task(cfg.task), resolve_device(cfg.train.device), copies=at_once)
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:

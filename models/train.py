@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from models.config import RunConfig, TrainConfig
 from models.factory import build_model, forward, unique_parameters
+from models.memory import EVAL_CHUNK, check_memory
 from models.runs import (
     LoadedRun,
     Progress,
@@ -41,7 +42,6 @@ from models.snapshots import EventWatch, SnapshotKeeper, scheduled_steps
 from tasks import Batch, ConfigError, Task, logits_at_labels, make_task, seeded_generator
 
 IDENTITY_SCALARS = ("identity_a", "identity_b")  # models/identity_attention.py
-EVAL_CHUNK = 1000  # samples per evaluation forward pass; bounds memory on long sequences
 # seed offsets of a run's data, from train.seed: training batches use the seed itself
 EVAL_SEED_OFFSET = 1_000_003  # the evaluation batch (test split)
 TRAIN_SET_SEED_OFFSET = 2_000_003  # the fixed training set of train.n_train
@@ -223,6 +223,7 @@ class Trainer:
         self.folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
         self.task = make_task(cfg.task)
         self.device = resolve_device(cfg.train.device)
+        check_memory(cfg, self.task, self.device)  # before anything is allocated or written
         self.model = build_model(cfg.model, self.task, seed=cfg.train.seed, device=self.device)
         self.optimizer = self._make_optimizer()
         check_precision(self.device, cfg.train.precision)
