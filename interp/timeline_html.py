@@ -99,10 +99,10 @@ def heads_figure(points: list[dict[str, Any]]) -> plt.Figure:
     """Two heatmaps over (head, snapshot): the label as a category, and the patching share
     (blank where the model has no clean/corrupted gap to normalise by); circuit heads dotted."""
     heads = [(layer, head) for layer, row in enumerate(points[0]["head_labels"]) for head in range(len(row))]
-    labels = sorted({p["head_labels"][l][h] for p in points for l, h in heads})
-    codes = np.array([[labels.index(p["head_labels"][l][h]) for p in points] for l, h in heads])
-    shares = np.array([[np.nan if p["head_patching"] is None else p["head_patching"][l][h] for p in points]
-                       for l, h in heads], dtype=float)
+    labels = sorted({p["head_labels"][layer][head] for p in points for layer, head in heads})
+    codes = np.array([[labels.index(p["head_labels"][layer][head]) for p in points] for layer, head in heads])
+    shares = np.array([[np.nan if p["head_patching"] is None else p["head_patching"][layer][head] for p in points]
+                       for layer, head in heads], dtype=float)
     height = 2.4 + 0.28 * len(heads)
     fig, (ax_label, ax_share) = plt.subplots(1, 2, figsize=(min(22, 7 + 0.5 * len(points)), height))
     colours = iter(plt.get_cmap("tab10").colors)
@@ -113,7 +113,7 @@ def heads_figure(points: list[dict[str, Any]]) -> plt.Figure:
     image = ax_share.imshow(shares, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     fig.colorbar(image, ax=ax_share, shrink=0.8, label="exact patching share")
     for ax, title in ((ax_label, "head label"), (ax_share, "patching share (dot: in the circuit)")):
-        ax.set(title=title, yticks=range(len(heads)), yticklabels=[f"L{l}H{h}" for l, h in heads])
+        ax.set(title=title, yticks=range(len(heads)), yticklabels=[f"L{layer}H{head}" for layer, head in heads])
         ax.set_xticks(range(len(points)), [str(p["step"]) for p in points], rotation=90, fontsize=7)
         ax.set_xlabel("snapshot step")
     for column, point in enumerate(points):
