@@ -227,6 +227,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", choices=["cpu", "cuda"],
                        help="instead: the lego-gpu shape on this device (steps/s, fraction of a bf16 matmul peak, data "
                             "vs step time, patching vs TransformerLens)")
+    bench.add_argument("--snapshots", action="store_true",
+                       help="instead: training time and disk with the default snapshots against none (lego-cpu, "
+                            "composite-matched), side by side")
     bench.set_defaults(run=_cmd_benchmark)
     return parser
 
@@ -578,6 +581,12 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
+    if args.snapshots:
+        from analyses.bench_snapshots import run_snapshot_benchmark
+
+        _load_tasks()
+        run_snapshot_benchmark(quick=args.quick)
+        return 0
     if args.patching and args.device:
         raise ConfigError(f"--patching times the run's own model on the CPU; drop --device {args.device} "
                           "(--device alone times the same sweep on a fresh lego-gpu model on that device)")

@@ -106,11 +106,11 @@ def test_a_cell_killed_after_its_checkpoint_resumes_from_it_and_diverged_cells_a
     assert run_state(cell, read_config(cell)) == "partial"
     diverged = out / "lr=1e+30"
     assert run_state(diverged, read_config(diverged)) == "diverged"
-    untouched = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in diverged.iterdir()}
+    untouched = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in diverged.rglob("*") if p.is_file()}
     first_record = (cell / "metrics.jsonl").read_text().splitlines()[0]
 
     assert main(args) == 0  # a diverged cell is recorded, not a failure
-    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in diverged.iterdir()} == untouched
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in diverged.rglob("*") if p.is_file()} == untouched
     assert (cell / "metrics.jsonl").read_text().splitlines()[0] == first_record  # resumed, not restarted
     assert main(["train", "--preset", "composite-cpu", "--out", str(tmp_path / "whole"), "--set", "train.lr=0.001",
                  *longer]) == 0
