@@ -173,3 +173,31 @@ def test_report_of_every_head_of_a_6_layer_model_stays_under_5_mb(tmp_path):
     size = page.stat().st_size
     print(f"6-layer, 12-head report: {size / 1e6:.2f} MB")
     assert size < REPORT_SIZE_LIMIT
+
+
+@pytest.fixture(scope="module", params=["lego", "composite"])
+def timeline_report(request, tmp_path_factory) -> Path:
+    """A tiny run of each task with its timeline (`workbench analyze --timeline`), the report rewritten."""
+    from analyses.cli import main
+
+    torch.set_num_threads(1)
+    run_dir = tmp_path_factory.mktemp(f"timeline-{request.param}") / "run"
+    make = tiny_lego_run if request.param == "lego" else tiny_composite_run
+    Trainer(make(steps=20, snapshots=5), run_dir, progress=False).fit()
+    assert main(["analyze", str(run_dir), "--timeline", "--no-progress"]) == 0
+    return run_dir / "report.html"
+
+
+def test_a_timeline_section_renders_offline_with_its_figures_and_when_the_verdict_settled(browser, timeline_report):
+    page, errors, requests = open_offline(browser, timeline_report)
+    assert errors == [] and requests == [timeline_report.as_uri()]
+    section = page.locator("section", has_text="Timeline: the solution through training")
+    assert section.count() == 1
+    text = section.inner_text()
+    assert re.search(r"decided at step \d+", text) and "When each head formed" in text or "No head carries" in text
+    shown = section.evaluate("""s => [...s.querySelectorAll('figure img')].map(img => ({
+        png: img.src.startsWith('data:image/png;base64,'), width: img.naturalWidth, complete: img.complete}))""")
+    assert len(shown) == 3  # evidence, loss with the verdict's changes, heads over snapshots
+    assert all(f["png"] and f["complete"] and f["width"] > 100 for f in shown)
+    section.screenshot(path=str(timeline_report.parent / "timeline.png"))
+    assert (timeline_report.parent / "timeline.png").stat().st_size > 10_000
