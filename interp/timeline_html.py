@@ -52,8 +52,12 @@ def _mark(ax: plt.Axes, summary: dict[str, Any]) -> None:
 
 
 def _steps_axis(ax: plt.Axes, steps: list[int]) -> None:
-    """Snapshots are log-spaced: a symmetric-log axis shows step 0 and the late steps alike."""
-    ax.set_xscale("symlog", linthresh=max(1, min([s for s in steps if s > 0], default=1)))
+    """Log-spaced snapshots (the default) on a symmetric-log axis, which shows step 0 and the late
+    steps alike; snapshots spanning less than two decades (a list of evenly spaced steps) on a
+    linear one."""
+    positive = [s for s in steps if s > 0]
+    if positive and max(positive) / min(positive) > 100:
+        ax.set_xscale("symlog", linthresh=min(positive))
     ax.set_xlim(0, max(steps, default=1) * 1.1)
     ax.set_xlabel("step")
 
