@@ -134,7 +134,7 @@ def grid_figure(page: dict[str, Any]) -> plt.Figure:
     handles = [Patch(color=c, label=label) for label, c in colours.items()]
     handles.append(Patch(color=NO_VERDICT_COLOUR, label="no verdict yet"))
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, title="majority verdict")
-    fig.tight_layout()
+    fig.subplots_adjust(hspace=0.5)  # the legend sits outside; figure_html's tight bounding box keeps it
     return fig
 
 
@@ -190,7 +190,6 @@ def rates_figure(page: dict[str, Any]) -> plt.Figure | None:
                 ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
                         color="white" if (value < 0.6 if unit else False) else "black")
     fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.tight_layout()
     return fig
 
 

@@ -420,12 +420,15 @@ def composite_verdict_rates(verdict: dict[str, Any]) -> dict[str, float]:
 
 def composite_summary(record: dict[str, Any]) -> dict[str, Any] | None:
     """A run's verdict from its last evaluation (the evaluation batch's seen accuracy and held-out
-    rates), by `classify_composite`; None where the record lacks them."""
-    try:
-        rates = {"seen": record["acc_seen"], "x-10": record["held_out_inferential"], "x-6": record["held_out_symmetric"]}
-    except KeyError:
+    rates), by `classify_composite`; without held-out rates (an evaluation batch too small to hold
+    the held-out pair) only "unlearned" can be told, else "-". None without seen accuracy."""
+    if "acc_seen" not in record:
         return None
-    return {"label": classify_composite(*rates.values()), "rates": rates}
+    rates = {"seen": record["acc_seen"]}
+    if "held_out_inferential" in record and "held_out_symmetric" in record:
+        rates |= {"x-10": record["held_out_inferential"], "x-6": record["held_out_symmetric"]}
+        return {"label": classify_composite(*rates.values()), "rates": rates}
+    return {"label": "unlearned" if rates["seen"] < SEEN_ACCURACY_TO_COUNT else "-", "rates": rates}
 
 
 register_analysis("composite", TaskAnalysis(
