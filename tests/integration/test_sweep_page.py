@@ -144,12 +144,3 @@ def test_a_lego_sweep_shows_accuracy_per_variable_by_model(tmp_path):
         assert cell["label"].endswith("learned")  # lego_verdict_label: "none learned", "#0-#2 learned" ...
     assert "Rates per run" in (out / "report.html").read_text()
 
-
-def test_a_task_without_a_summary_of_its_own_is_shown_by_its_headline_metric(tmp_path):
-    out = tmp_path / "modsum"
-    assert main(["sweep", "--preset", "modsum-cpu", "--grid", "train.seed=0,1", "--out", str(out), "--workers", "1",
-                 *TINY]) == 0
-    page = _page(out)
-    assert page["axes"]["x"] is None and len(page["groups"]) == 1
-    square = page["groups"][0]
-    assert (square["label"], square["k"], square["n"]) == ("-", 2, 2) and list(square["rates"]) == ["acc"]
