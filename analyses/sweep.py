@@ -10,7 +10,8 @@ gives the same numbers for the same grid.
 
 A sweep (`run_sweep`, `workbench sweep`) is a grid over config keys on top of a preset:
 `{"model.init_gamma": [0.3, 0.5], "train.seed": [0, 1]}` gives four cells named
-`init_gamma=0.3__seed=0` ...; it writes `sweep.json` (the index) and `report.html`.
+`init_gamma=0.3__seed=0` ...; it writes `sweep_plan.json` (the grid) when it starts, and
+`sweep.json` (the index) and its page (`report.html`, `sweep_page.json`) when it ends.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from models.safe_files import FolderBusy, run_lock
 from tasks import ConfigError
 
 BACKENDS = ("local", "ray")
-INDEX, CELLS_INDEX = "sweep.json", "cells.json"
+INDEX, PLAN, CELLS_INDEX = "sweep.json", "sweep_plan.json", "cells.json"
 CellFn = Callable[[str, dict[str, Any], str], "CellResult"]
 LOCK_GRACE_S = 10.0  # how long a cell waits for its folder's lock (a killed sweep's worker dies in ~1 s)
 
@@ -484,12 +485,17 @@ def grid_cells(base: RunConfig, grid: dict[str, list[Any]]) -> dict[str, RunConf
 def run_sweep(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, *, preset: str | None = None,
               workers: int | None = None, backend: str = "local", address: str | None = None,
               progress: bool = True) -> dict[str, Any]:
-    """Train the grid's cells under `out` and write `out/sweep.json` and `out/report.html`.
-    Returns the index (what sweep.json holds)."""
+    """Train the grid's cells under `out` and write `out/sweep.json`, then the sweep's page
+    (`out/report.html` and `out/sweep_page.json`, interp/sweep_page.py); `out/sweep_plan.json`
+    (grid and cells) is written first, so a sweep in progress has a page too. Returns the index
+    (what sweep.json holds)."""
     out = Path(out)
     cells = grid_cells(base, grid)
     points = {cell_name(p): p for p in grid_points(grid)}
     started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)  # the plan: what the sweep's page of a sweep in progress reads
+    _write_json(out / PLAN, {"preset": preset, "grid": grid, "base": base.to_dict(),
+                             "cells": {name: {"point": point} for name, point in points.items()}})
     results = run_cells(cells, out, workers=workers, backend=backend, address=address, progress=progress)
     index = {
         "preset": preset, "grid": grid, "base": base.to_dict(), "backend": backend,
@@ -499,7 +505,9 @@ def run_sweep(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, *, p
         "cells": {name: {"point": points[name], **_summary(result)} for name, result in results.items()},
     }
     _write_json(out / INDEX, index)
-    write_sweep_report(index, out / "report.html")
+    from interp.sweep_page import write_sweep_page  # here: the cells' worker processes import this module
+
+    write_sweep_page(out)
     return index
 
 
@@ -507,28 +515,3 @@ def _summary(result: CellResult) -> dict[str, Any]:
     scalars = {k: v for k, v in result.final.items() if isinstance(v, int | float | str | None)}
     summary = {"status": result.status, "seconds": round(result.seconds, 2), "final": scalars, "error": result.error}
     return {**summary, "refused": True} if result.refused else summary
-
-
-def write_sweep_report(index: dict[str, Any], path: Path) -> Path:
-    """One table row per cell: its grid values, status, wall time and final scalar metrics."""
-    from interp.report import Report, table_html
-
-    keys = list(index["grid"])
-    metrics = sorted({m for cell in index["cells"].values() for m in cell["final"]
-                      if m not in ("step", "lr", "elapsed_s", "diverged")})
-    rows = [[*(json.dumps(cell["point"][k]) for k in keys), cell["status"], f"{cell['seconds']:.0f}",
-             *(_fmt(cell["final"].get(m)) for m in metrics)] for cell in index["cells"].values()]
-    report = Report(f"Sweep {path.parent.name}")
-    report.add("Cells", f"<p>{index['counts']} on backend {index['backend']} with {index['workers']} worker(s), "
-                        f"{index['wall_seconds']:.0f} s wall.</p>"
-                        + table_html(rows, [*keys, "status", "seconds", *metrics]))
-    failed = {name: cell["error"] for name, cell in index["cells"].items() if cell["status"] == "failed"}
-    if failed:
-        report.add("Failed cells (re-run the sweep to retry them)",
-                   table_html([[name, (error or "").strip().splitlines()[-1]] for name, error in failed.items()],
-                              ["cell", "error (full text in sweep.json)"]))
-    return report.write(path)
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))

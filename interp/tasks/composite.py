@@ -413,9 +413,27 @@ def composite_timeline_panels(verdict: dict[str, Any]) -> dict[str, dict[str, fl
     return panels
 
 
+def composite_verdict_rates(verdict: dict[str, Any]) -> dict[str, float]:
+    """The rates that decide a composite verdict: seen-pair accuracy, held-out x-10 and x-6."""
+    return {"seen": verdict["seen_accuracy"], "x-10": verdict["held_out_inferential"], "x-6": verdict["held_out_symmetric"]}
+
+
+def composite_summary(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A run's verdict from its last evaluation (the evaluation batch's seen accuracy and held-out
+    rates), by `classify_composite`; without held-out rates (an evaluation batch too small to hold
+    the held-out pair) only "unlearned" can be told, else "-". None without seen accuracy."""
+    if "acc_seen" not in record:
+        return None
+    rates = {"seen": record["acc_seen"]}
+    if "held_out_inferential" in record and "held_out_symmetric" in record:
+        rates |= {"x-10": record["held_out_inferential"], "x-6": record["held_out_symmetric"]}
+        return {"label": classify_composite(*rates.values()), "rates": rates}
+    return {"label": "unlearned" if rates["seen"] < SEEN_ACCURACY_TO_COUNT else "-", "rates": rates}
+
+
 register_analysis("composite", TaskAnalysis(
     _composite_findings, lambda verdict: verdict.verdict, table_verdict_html, _composite_probes_html,
     lambda run: composite_curves(run.metrics),
     "Seen-pair accuracy on test keys, and the answers on the held-out pair.", _composite_circuit_findings,
-    timeline_panels=composite_timeline_panels))
+    timeline_panels=composite_timeline_panels, summary=composite_summary, verdict_rates=composite_verdict_rates))
 register_preset("composite-cpu", composite_cpu, default_for="composite")

@@ -1,6 +1,7 @@
-"""report.html of real tiny runs, opened in headless Chromium with networking off: it loads with
-no console error and no request beyond the file itself, every circuitsvis widget renders its
-heads, every figure decodes, and token text that looks like HTML is shown as text, never run.
+"""report.html of real tiny runs, and the page of a tiny sweep, opened in headless Chromium with
+networking off: it loads with no console error and no request beyond the file itself, every
+circuitsvis widget renders its heads, every figure decodes, the sweep page's links lead to its
+runs' reports, and token text that looks like HTML is shown as text, never run.
 
 Chromium is Debian's `chromium` package (`.ci/run` installs it when it can), driven by
 Playwright's Python package (test extra) through `executable_path`; without either the browser
@@ -19,8 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from analyses.sweep import run_sweep
 from interp.analysis import analyze_run
 from interp.run_report import write_run_report
+from interp.sweep_page import write_sweep_page
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.runs import load_run
 from models.train import Trainer
@@ -90,6 +93,17 @@ def composite_report(tmp_path_factory) -> Path:
     return write_run_report(load_run(run_dir))
 
 
+@pytest.fixture(scope="module")
+def sweep_page_path(tmp_path_factory) -> Path:
+    """The page of a tiny composite sweep over two init scales, one of whose runs has a report."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("sweep") / "phase"
+    run_sweep(tiny_composite_run(steps=12), {"model.init_gamma": [0.3, 0.5], "train.seed": [0]}, out, workers=1,
+              progress=False)
+    write_run_report(load_run(out / "init_gamma=0.5__seed=0"))
+    return write_sweep_page(out)[1]
+
+
 def open_offline(browser, path: Path):
     """Load `path` in a fresh offline context; return the page, console errors and requested URLs."""
     context = browser.new_context(offline=True)
@@ -157,6 +171,20 @@ def test_composite_report_shows_anchor_tokens_as_text(browser, composite_report)
     assert len(figures(page)) == 1  # training curves
     assert re.search(r"<a[1-4]> <a[1-4]>", page.inner_text("body"))  # each example's anchor pair, as text
     assert page.evaluate("document.querySelectorAll('a1, a2, a3, a4').length") == 0
+
+
+def test_sweep_page_renders_offline_and_links_to_its_runs_reports(browser, sweep_page_path):
+    page, errors, requests = open_offline(browser, sweep_page_path)
+    assert errors == [] and requests == [sweep_page_path.as_uri()]
+    shown = figures(page)
+    assert len(shown) == 2  # the grid, the rates per run
+    assert all(f["png"] and f["complete"] and f["width"] > 0 for f in shown)
+    links = page.evaluate("[...document.querySelectorAll('a')].map(a => a.getAttribute('href'))")
+    assert links and set(links) == {"init_gamma=0.5__seed=0/report.html"}  # the one run with a report
+    assert "workbench report init_gamma=0.3__seed=0" in page.inner_text("body")  # the other says how to write it
+    page.locator("a").first.click()
+    page.wait_for_load_state("load")
+    assert page.title() == "interp-workbench run: init_gamma=0.5__seed=0"
 
 
 def test_report_of_every_head_of_a_6_layer_model_stays_under_5_mb(tmp_path):

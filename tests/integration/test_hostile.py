@@ -526,7 +526,7 @@ def test_hostile(row: Row, tmp_path, capsys, monkeypatch, request):
     # nothing the user owned changed
     assert _under(after, "outside", True) == _under(before, "outside", True)
     if row.status == 2 and row.command == "sweep":  # refused cell: only the sweep's own records of it are written
-        records = {"cells.json", "sweep.json", "report.html"}
+        records = {"cells.json", "sweep.json", "sweep_plan.json", "report.html", "sweep_page.json"}
         assert {k: v for k, v in after.items() if Path(k).name not in records} == \
                {k: v for k, v in before.items() if Path(k).name not in records}
     elif row.status == 2:  # refused: nothing written at all

@@ -1,6 +1,6 @@
 """A task is a plugin: the toy modular-sum task is two files, tasks/modsum.py (data) and
 interp/tasks/modsum.py (analysis, default preset), named nowhere else, and `workbench train`,
-`analyze` and `report` take it like any built-in task."""
+`analyze` and `report` take it like any built-in task, and so does a sweep's page."""
 
 import json
 import os
@@ -28,6 +28,16 @@ def test_a_task_of_its_own_files_trains_analyses_and_reports(tmp_path, capsys):
     page = (out / "report.html").read_text()
     assert f"&quot;name&quot;: &quot;{TOY}&quot;" in page or f'"name": "{TOY}"' in page  # the configuration
     assert "<h2>Verdict</h2>" in page and "Test accuracy on fresh sums" in page  # its own sections
+
+
+def test_a_sweep_of_a_task_without_a_summary_of_its_own_shows_its_headline_metric(tmp_path):
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--preset", f"{TOY}-cpu", "--grid", "train.seed=0,1", "--out", str(out), "--workers", "1",
+                 *TINY]) == 0
+    page = json.loads((out / "sweep_page.json").read_text())
+    assert page["axes"]["x"] is None and len(page["groups"]) == 1  # seeds only: one square
+    square = page["groups"][0]
+    assert (square["label"], square["k"], square["n"]) == ("-", 2, 2) and list(square["rates"]) == ["acc"]
 
 
 def test_an_unknown_task_is_exit_2_naming_the_registered_ones(tmp_path, capsys):
