@@ -40,6 +40,19 @@ def test_a_sweep_of_a_task_without_a_summary_of_its_own_shows_its_headline_metri
     assert (square["label"], square["k"], square["n"]) == ("-", 2, 2) and list(square["rates"]) == ["acc"]
 
 
+def test_a_task_with_no_timeline_code_gets_a_timeline_from_its_verdict(tmp_path, capsys):
+    """`analyze --timeline` reads every number of the toy task's verdict and its `verdict` field."""
+    out = tmp_path / "run"
+    assert main(["train", "--task", TOY, "--out", str(out), "--set", "train.snapshots=4", *TINY]) == 0
+    assert main(["analyze", str(out), "--timeline", "--no-progress"]) == 0
+    timeline = json.loads((out / "timeline.json").read_text())
+    first, last = timeline["points"][0], timeline["points"][-1]
+    assert first["step"] == 0 and last["step"] == 12 and last["reasons"] == ["final weights"]
+    assert set(first["panels"]) == {"evidence"} and set(first["panels"]["evidence"]) == {"accuracy", "chance"}
+    assert first["label"] == "unlearned" and timeline["summary"]["final_label"] == last["label"]
+    assert "Timeline: the solution through training" in (out / "report.html").read_text()
+
+
 def test_an_unknown_task_is_exit_2_naming_the_registered_ones(tmp_path, capsys):
     assert main(["train", "--task", "chess", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err

@@ -17,8 +17,9 @@ from models.snapshots import INDEX, SNAPSHOTS, read_index, read_snapshot, schedu
 from models.train import Trainer
 from tests.helpers import kill_then_resume, tiny_composite_run, tiny_lego_run
 
-TINY_MODSUM = ["--preset", "modsum-cpu", "--set", "train.steps=60", "--set", "train.eval_every=20",
-               "--set", "train.checkpoint_every=20", "--set", "train.eval_size=200", "--no-progress"]
+TINY = ["--preset", "composite-cpu", "--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=60",
+        "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20", "--set", "train.eval_size=200",
+        "--set", "train.batch_size=32", "--set", "train.warmup_steps=5", "--no-progress"]
 
 
 def files_of(folder):
@@ -26,38 +27,40 @@ def files_of(folder):
 
 
 @pytest.fixture(scope="module")
-def modsum_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("timeline") / "modsum"
-    assert main(["train", "--out", str(run), "--set", "train.snapshots=6", *TINY_MODSUM]) == 0
+def composite_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("timeline") / "composite"
+    assert main(["train", "--out", str(run), "--set", "train.snapshots=6", *TINY]) == 0
     return run
 
 
-def test_a_run_keeps_step_0_log_spaced_snapshots_and_its_final_weights_once(modsum_run):
-    entries = read_index(modsum_run)
+def test_a_run_keeps_step_0_log_spaced_snapshots_and_its_final_weights_once(composite_run):
+    entries = read_index(composite_run)
     assert [e.step for e in entries][0] == 0 and [e.step for e in entries][-1] < 60
     scheduled = [e.step for e in entries if "scheduled" in e.reasons]
     assert scheduled == scheduled_steps(6, 60) and len(scheduled) == 5  # with the final weights: 6 points
     events = [e for e in entries if "scheduled" not in e.reasons]  # the weights before accuracy jumped
-    assert all(r.startswith("before step ") and "acc moved" in r for e in events for r in e.reasons)
-    with safe_open(str(modsum_run / SNAPSHOTS / entries[-1].file), "pt") as f:
+    assert all(r.startswith("before step ") and "acc_seen moved" in r for e in events for r in e.reasons)
+    with safe_open(str(composite_run / SNAPSHOTS / entries[-1].file), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}  # noqa: SIM118
-    final, _ = verified_weights(modsum_run)
-    snapshot = read_snapshot(modsum_run, entries[0])
+    final, _ = verified_weights(composite_run)
+    snapshot = read_snapshot(composite_run, entries[0])
     assert snapshot.keys() == final.keys()
 
 
-def test_analyze_timeline_on_a_task_with_no_timeline_code_writes_timeline_json_and_a_report_section(modsum_run, capsys):
-    assert main(["analyze", str(modsum_run), "--timeline", "--no-progress"]) == 0
-    timeline = json.loads((modsum_run / TIMELINE).read_text())
+def test_analyze_timeline_writes_timeline_json_with_the_tasks_evidence_and_a_report_section(composite_run, capsys):
+    assert main(["analyze", str(composite_run), "--timeline", "--no-progress"]) == 0
+    timeline = json.loads((composite_run / TIMELINE).read_text())
     steps = [p["step"] for p in timeline["points"]]
-    assert timeline["schema"] == 1 and steps == [e.step for e in read_index(modsum_run)] + [60]
+    assert timeline["schema"] == 1 and steps == [e.step for e in read_index(composite_run)] + [60]
     assert timeline["points"][-1]["reasons"] == ["final weights"]
-    assert timeline["points"][0]["label"] == "unlearned" and "accuracy" in timeline["points"][0]["panels"]["evidence"]
+    first = timeline["points"][0]
+    assert first["label"] == "unlearned" and first["head_patching"] is None  # nothing to normalise by at init
+    assert list(first["panels"]) == ["held-out answers", "x-10 by key position", "x-6 by key position"]
     summary = timeline["summary"]
     assert summary["final_label"] == timeline["points"][-1]["label"] and summary["decided_at"] in steps
     out = capsys.readouterr().out
     assert f"decided at step {summary['decided_at']}" in out
-    page = (modsum_run / REPORT).read_text()
+    page = (composite_run / REPORT).read_text()
     assert "Timeline: the solution through training" in page and f"decided at step {summary['decided_at']}" in page
 
 
@@ -73,7 +76,7 @@ def test_a_lego_timeline_reads_accuracy_per_variable_and_names_what_is_learned(t
 
 def test_a_run_without_snapshots_has_no_timeline_exit_2_and_nothing_written(tmp_path, capsys):
     run = tmp_path / "bare"
-    assert main(["train", "--out", str(run), "--set", "train.snapshots=0", *TINY_MODSUM]) == 0
+    assert main(["train", "--out", str(run), "--set", "train.snapshots=0", *TINY]) == 0
     assert not (run / SNAPSHOTS).exists()
     before = files_of(run)
     assert main(["analyze", str(run), "--timeline"]) == 2
@@ -81,11 +84,11 @@ def test_a_run_without_snapshots_has_no_timeline_exit_2_and_nothing_written(tmp_
     assert files_of(run) == before
 
 
-def test_a_snapshot_that_does_not_match_its_digest_is_exit_2_naming_it_and_nothing_written(modsum_run, tmp_path, capsys):
+def test_a_snapshot_that_does_not_match_its_digest_is_exit_2_naming_it_and_nothing_written(composite_run, tmp_path, capsys):
     import shutil
 
     run = tmp_path / "damaged"
-    shutil.copytree(modsum_run, run)
+    shutil.copytree(composite_run, run)
     (run / TIMELINE).unlink(missing_ok=True)
     entry = read_index(run)[2]
     path = run / SNAPSHOTS / entry.file
@@ -101,7 +104,7 @@ def test_a_snapshot_that_does_not_match_its_digest_is_exit_2_naming_it_and_nothi
 
 @pytest.mark.parametrize("value", ['"many"', "1", "[-5]", "2.5"])
 def test_an_unknown_snapshots_value_is_exit_2_before_anything_is_written(tmp_path, capsys, value):
-    assert main(["train", "--out", str(tmp_path / "x"), "--set", f"train.snapshots={value}", *TINY_MODSUM]) == 2
+    assert main(["train", "--out", str(tmp_path / "x"), "--set", f"train.snapshots={value}", *TINY]) == 2
     assert "train.snapshots" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 

@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-import interp.tasks  # noqa: F401 (registers modsum-cpu)
 from interp.timeline import summarize
 from models.presets import get_preset
 from models.snapshots import (
@@ -35,7 +34,7 @@ def test_a_count_keeps_step_0_and_log_spaced_steps_below_the_last_and_a_list_kee
 @pytest.mark.parametrize("bad", ["1", "-3", '"many"', "2.5", "true", "[5, 5]", "[-1, 4]", '["a"]'])
 def test_an_unknown_snapshots_value_is_refused_with_what_to_give(bad):
     with pytest.raises(ConfigError, match="train.snapshots"):
-        get_preset("modsum-cpu").with_overrides([f"train.snapshots={bad}"])
+        get_preset("lego-cpu").with_overrides([f"train.snapshots={bad}"])
 
 
 def test_a_loss_spike_is_an_event_once_and_noise_at_a_tiny_loss_is_not():
