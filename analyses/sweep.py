@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -290,6 +291,7 @@ def check_ray_address(address: str) -> str:
         raise ConfigError(f"--address {address}: nothing answers at {host}:{port} ({getattr(err, 'strerror', None) or err}); "
                           f"start a cluster with `ray start --head` and pass the address it prints") from None
     _check_speaks_grpc(address, host, port)
+    _check_token_accepted(address, host, port)
     return address
 
 
@@ -325,17 +327,82 @@ def _check_speaks_grpc(address: str, host: str, port: str) -> None:
         channel.close()
 
 
+# A request to each kind of Ray server that any caller may make: the head's (GCS) cluster id, and the
+# client server's ping (ClusterInfoRequest{type: PING}). Both are refused as UNAUTHENTICATED by a
+# cluster with token authentication when the token is missing or wrong.
+_RAY_PROBES = {"gcs": ("/ray.rpc.NodeInfoGcsService/GetClusterId", b""),
+               "client": ("/ray.rpc.RayletDriver/ClusterInfo", b"\x08\x06")}
+_TOKEN_HELP = ("set RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on its head prints it), or "
+               "RAY_AUTH_TOKEN_PATH to a file holding it, or put it in ~/.ray/auth_token")
+
+
+def ray_token() -> tuple[str | None, str]:
+    """The token Ray would send to a cluster, as Ray looks for it (RAY_AUTH_TOKEN, else the file
+    RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token; surrounding whitespace dropped), and where
+    it came from; (None, what was looked at) when there is none or RAY_AUTH_MODE turns tokens off.
+    Only a regular file is read, and at most 64 KiB of it."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None and mode.lower() != "token":
+        return None, f"RAY_AUTH_MODE={mode} is set here, so no token is sent"
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"
+    named = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    path = named or str(Path.home() / ".ray" / "auth_token")
+    where = f"RAY_AUTH_TOKEN_PATH ({path})" if named else path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None, f"no token was found (RAY_AUTH_TOKEN is unset and {where} does not exist)"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, f"no token was found ({where} is not a regular file)"
+        token = os.read(fd, 65536).decode(errors="replace").strip()
+    except OSError as err:
+        return None, f"no token was found ({where} cannot be read: {err.strerror or err})"
+    finally:
+        os.close(fd)
+    return (token, where) if token else (None, f"no token was found ({where} is empty)")
+
+
+def _check_token_accepted(address: str, host: str, port: str) -> None:
+    """Ask the cluster, with the token Ray would send (or none), for something any member may ask:
+    a cluster with token authentication refuses at once a missing or wrong token, which Ray
+    itself retries for 30-40 s before a message that does not name the token."""
+    try:
+        import grpc
+    except ImportError:
+        return
+    token, where = ray_token()  # what ray.init will send (use_ray_token turns sending on where a token is at hand)
+    method, request = _RAY_PROBES["client" if address.startswith("ray://") else "gcs"]
+    channel = grpc.insecure_channel(f"{host}:{port}")
+    try:
+        channel.unary_unary(method)(request, timeout=PROBE_S,
+                                    metadata=[("authorization", f"Bearer {token}")] if token else None)
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.UNAUTHENTICATED:
+            return  # anything else is for ray.init to meet and report
+        if token:
+            raise ConfigError(f"--address {address}: the Ray cluster refused the token from {where} (it uses token "
+                              f"authentication with another token); {_TOKEN_HELP}") from None
+        mode_off = os.environ.get("RAY_AUTH_MODE", "token").lower() != "token"
+        raise ConfigError(f"--address {address}: the Ray cluster uses token authentication and {where}; "
+                          + ("unset RAY_AUTH_MODE (or set it to token) and " if mode_off else "")
+                          + _TOKEN_HELP) from None
+    finally:
+        channel.close()
+
+
 def use_ray_token() -> bool:
     """Send Ray's authentication token to a cluster when one is at hand: Ray 2.60 turns token
     authentication on at `ray start --head` where ~/.ray/auth_token exists, yet sends no token to
     an address given explicitly unless RAY_AUTH_MODE=token. Sets RAY_AUTH_MODE=token (for this
     process and its Ray workers) when it is unset and RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
-    ~/.ray/auth_token holds a token; returns whether a token is sent."""
+    ~/.ray/auth_token holds a token; returns whether a token is sent. A cluster without token
+    authentication ignores a token sent to it."""
     mode = os.environ.get("RAY_AUTH_MODE")
     if mode is not None:
         return mode.lower() == "token"
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
-    if not (os.environ.get("RAY_AUTH_TOKEN") or Path(path).is_file()):
+    if ray_token()[0] is None:
         return False
     os.environ["RAY_AUTH_MODE"] = "token"
     with contextlib.suppress(Exception):  # Ray caches its config at import; read the mode again, as Ray does

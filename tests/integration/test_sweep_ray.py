@@ -3,6 +3,8 @@ local backend. In the default run (CI must exercise the backend the README offer
 one Ray worker: starting Ray and a worker that imports torch and TransformerLens is most of
 its time."""
 
+import contextlib
+
 import pytest
 
 from analyses.sweep import run_cells
@@ -103,12 +105,49 @@ def test_a_token_at_hand_is_sent_to_the_cluster(tmp_path, monkeypatch):
     assert not use_ray_token()
 
 
-@pytest.mark.slow
-def test_a_sweep_runs_on_a_standalone_ray_head(tmp_path):
-    """The README's cluster path: a head started by `ray start --head` (a process of its own),
-    then `workbench sweep --backend ray --address HOST:PORT`; the head is stopped afterwards."""
-    import json
+def test_the_token_ray_would_send_is_found_where_ray_looks(tmp_path, monkeypatch):
+    """RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token; only a regular file is read."""
     import os
+
+    from analyses.sweep import ray_token
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    assert ray_token()[0] is None and "does not exist" in ray_token()[1]
+    (tmp_path / ".ray").mkdir()
+    os.mkfifo(tmp_path / ".ray" / "auth_token")  # a FIFO would block a plain open
+    assert ray_token()[0] is None and "not a regular file" in ray_token()[1]
+    (tmp_path / ".ray" / "auth_token").unlink()
+    (tmp_path / ".ray" / "auth_token").write_text(" home \n")
+    assert ray_token() == ("home", str(tmp_path / ".ray" / "auth_token"))
+    (tmp_path / "t").write_text("")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "t"))  # named, so ~/.ray/auth_token is not looked at
+    assert ray_token()[0] is None and "is empty" in ray_token()[1]
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "env")
+    assert ray_token() == ("env", "RAY_AUTH_TOKEN")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert ray_token()[0] is None and "RAY_AUTH_MODE=disabled" in ray_token()[1]
+
+
+def _clean_env(home) -> dict:
+    """This environment without Ray's auth and address settings, with HOME at `home`: the
+    machine's own ~/.ray/auth_token must not decide what a test sees."""
+    import os
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")}
+    return {**env, "HOME": str(home), "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1",
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+@contextlib.contextmanager
+def _ray_head(env: dict):
+    """A head started by `ray start --head` (a process of its own) with Ray's client server, on
+    free ports and its own temp dir; yields (HOST:PORT, ray://HOST:CLIENT_PORT), stopped afterwards."""
     import shutil
     import socket
     import subprocess
@@ -116,27 +155,91 @@ def test_a_sweep_runs_on_a_standalone_ray_head(tmp_path):
     import tempfile
     from pathlib import Path
 
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
     ray_cli = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-           "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 characters
-    started = subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                              "--node-ip-address=127.0.0.1", f"--temp-dir={temp}"], env=env, capture_output=True,
-                             text=True, timeout=180)
-    assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
     try:
-        out = tmp_path / "sweep"
-        proc = subprocess.run([sys.executable, "-m", "analyses.cli", "sweep", "--preset", "composite-cpu", "--grid",
-                               "train.seed=0,1", "--out", str(out), "--backend", "ray", "--address",
-                               f"127.0.0.1:{port}", "--no-progress", "--set", "train.steps=8", "--set",
-                               "train.eval_every=4", "--set", "train.eval_size=64", "--set", "model.d_model=32"],
-                              cwd=repo, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert json.loads((out / "sweep.json").read_text())["counts"] == {"done": 2}
+        started = subprocess.run([ray_cli, "start", "--head", f"--port={ports[0]}", f"--ray-client-server-port={ports[1]}",
+                                  "--num-cpus=1", "--include-dashboard=false", "--node-ip-address=127.0.0.1",
+                                  f"--temp-dir={temp}"], env=env, capture_output=True, text=True, timeout=180)
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        yield f"127.0.0.1:{ports[0]}", f"ray://127.0.0.1:{ports[1]}"
     finally:
         subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _cli_sweep(out, address: str, env: dict):
+    """`workbench sweep --backend ray --address ADDRESS` with two tiny cells, in a process of its
+    own; returns (the finished process, seconds)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "analyses.cli", "sweep", "--preset", "composite-cpu", "--grid",
+                           "train.seed=0,1", "--out", str(out), "--backend", "ray", "--address", address,
+                           "--no-progress", "--set", "train.steps=8", "--set", "train.eval_every=4", "--set",
+                           "train.eval_size=64", "--set", "model.d_model=32"],
+                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=600)
+    return proc, time.monotonic() - started
+
+
+def _home_with_token(path, token: str):
+    (path / ".ray").mkdir(parents=True)
+    (path / ".ray" / "auth_token").write_text(token + "\n")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("auth", ["token", "open"])
+def test_a_sweep_runs_on_a_standalone_ray_head(tmp_path, auth):
+    """The README's cluster path: a head started by `ray start --head`, then `workbench sweep
+    --backend ray --address HOST:PORT` and `--address ray://HOST:10001`. Where ~/.ray/auth_token
+    exists, Ray 2.60 starts the head with token authentication ("token") and the sweep sends the
+    token; a head started with RAY_AUTH_MODE=disabled ("open") ignores the token the sweep then
+    sends all the same."""
+    import json
+
+    home = _home_with_token(tmp_path / "home", "interp-workbench-test-token-0123456789abcdef")
+    head_env = _clean_env(home)
+    if auth == "open":
+        head_env["RAY_AUTH_MODE"] = "disabled"
+    with _ray_head(head_env) as addresses:
+        for i, address in enumerate(addresses):
+            out = tmp_path / f"sweep{i}"
+            proc, seconds = _cli_sweep(out, address, _clean_env(home))
+            assert proc.returncode == 0, (address, proc.stderr[-3000:])
+            assert json.loads((out / "sweep.json").read_text())["counts"] == {"done": 2}
+            print(f"{auth} head, {address}: exit 0, 2 cells done in {seconds:.1f} s")
+
+
+@pytest.mark.slow
+def test_a_token_auth_head_refuses_a_sweep_without_its_token_with_exit_2_at_once(tmp_path):
+    """No token at hand (HOME without ~/.ray/auth_token, RAY_AUTH_TOKEN unset), or the wrong one:
+    exit 2 within seconds naming what to set, before the sweep's folder is made (Ray alone retries
+    for 30-40 s and then says only that it could not connect)."""
+    home = _home_with_token(tmp_path / "home", "interp-workbench-test-token-0123456789abcdef")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with _ray_head(_clean_env(home)) as addresses:
+        for address in addresses:
+            for label, env, says in [
+                ("no token", _clean_env(empty), "uses token authentication and no token was found"),
+                ("wrong token", {**_clean_env(empty), "RAY_AUTH_TOKEN": "not-the-token"},
+                 "refused the token from RAY_AUTH_TOKEN"),
+            ]:
+                out = tmp_path / "refused"
+                proc, seconds = _cli_sweep(out, address, env)
+                err = proc.stderr
+                assert proc.returncode == 2, (label, address, err[-3000:])
+                assert says in err and "RAY_AUTH_TOKEN" in err and "ray get-auth-token" in err, err[-3000:]
+                assert "Traceback" not in err and "unexpected error" not in err
+                assert seconds < 30, seconds
+                assert not out.exists()
+                print(f"{label}, {address}: exit 2 in {seconds:.1f} s: {err.strip().splitlines()[-1]}")
