@@ -41,6 +41,7 @@ from models.runs import (
     RunFolderError,
     atomic_write_bytes,
     read_config,
+    read_json,
     read_metrics,
     run_state,
     same_recipe,
@@ -325,9 +326,10 @@ def _update_index(path: Path, entries: dict[str, Any]) -> None:
     folders still exist. It is read just before each write: two sweeps filling one pool at once
     lose an entry only when their writes interleave, and the losing sweep's next write restores it."""
     try:
-        index = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        index = read_json(path)
+    except (FileNotFoundError, RunFolderError):  # none yet, or damaged: the entries of this call are what counts
         index = {}
+    index = index if isinstance(index, dict) else {}
     kept = {name: entry for name, entry in index.items() if name not in entries and (path.parent / name).is_dir()}
     _write_json(path, {**kept, **entries})
 

@@ -31,8 +31,10 @@ from models.safe_files import (
     RunFolderError,
     append_line,
     atomic_write_bytes,
+    is_own_temp,
     locked_here,
     read_json,
+    read_regular,
     read_tensors,
     run_lock,
     save_tensors,
@@ -153,9 +155,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The records of metrics.jsonl. A damaged last line (what a crash in mid-write leaves) is
     dropped with a warning; a damaged earlier line is a RunFolderError naming it."""
     path = Path(run_dir) / METRICS
-    if not path.exists():
+    try:
+        text = read_regular(path).decode(errors="replace")
+    except FileNotFoundError:
         return []
-    lines = [(number, line) for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     records = []
     for index, (number, line) in enumerate(lines):
         try:
@@ -387,12 +391,15 @@ class RunFolder:
     def check_usable(self) -> None:
         """A folder to start a run in must be new, empty, or a run folder with nothing but run
         files (which `check_receives` then refuses and `workbench demo` replaces): never a file,
-        the current folder by an empty name, or a folder holding someone's other files."""
+        the current folder by an empty name, or a folder holding someone's other files. The
+        temporary files of a killed writer (`is_own_temp`) are the run's own: the trainer's lock
+        removes them."""
         out = self.path
         if not self.check_place("the run"):
             return
-        others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
-        if others or (any(p.name != LOCK for p in out.iterdir()) and not self.holds_run()):
+        names = [p.name for p in out.iterdir() if not is_own_temp(p.name)]  # a killed writer's temp files: its own
+        others = sorted(name for name in names if name not in RUN_FILES)
+        if others or (any(name != LOCK for name in names) and not self.holds_run()):
             listed = ", ".join(others[:5]) or "run files without a config.json"
             raise ConfigError(f"{self.label} holds files that are not a run's ({listed}); choose a new or empty folder")
 
