@@ -384,23 +384,53 @@ def read_json(path: Path, text: str | None = None, limit: int | None = None) -> 
         raise RunFolderError(f"{path} holds a number too long to be a value ({str(err).split(';')[0]})") from None
 
 
-def finite_json(value: Any, where: str = "") -> tuple[Any, list[str]]:
+Place = list[str | int]  # where a value sits in a JSON document: its keys and list indices
+
+
+def finite_json(value: Any, where: Place | None = None) -> tuple[Any, list[Place]]:
     """`value` with every NaN or infinite float replaced by None, and the places replaced
-    (`heads.scores[0][1]`), so that it can be written as strict JSON (json.dumps(...,
-    allow_nan=False): a browser's JSON.parse rejects NaN)."""
+    (`["heads", "scores", 0, 1]`), so that it can be written as strict JSON (json.dumps(...,
+    allow_nan=False): a browser's JSON.parse rejects NaN). `nan_at` puts NaN back."""
+    where = where or []
     if isinstance(value, float) and not math.isfinite(value):
-        return None, [where or "(the value)"]
-    places: list[str] = []
+        return None, [where]
+    places: list[Place] = []
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
-            out[key], found = finite_json(item, f"{where}.{key}" if where else str(key))
+            out[key], found = finite_json(item, [*where, key])
             places += found
         return out, places
     if isinstance(value, list | tuple):
-        items = [finite_json(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        items = [finite_json(item, [*where, i]) for i, item in enumerate(value)]
         return [item for item, _ in items], [place for _, found in items for place in found]
     return value, places
+
+
+def nan_at(value: Any, places: Any) -> Any:
+    """`value` (as read back) with NaN at each of `places` that holds null (what `finite_json`
+    wrote there), so that readers see the numbers the writer had; a place that is malformed or
+    holds something else is left alone."""
+    if not isinstance(places, list):
+        return value
+    for place in places:
+        if not isinstance(place, list) or not place:
+            continue
+        holder = value
+        for step in place[:-1]:
+            holder = _step(holder, step)
+        if _step(holder, place[-1], missing=False) is None:  # there, and null
+            holder[place[-1]] = math.nan
+    return value
+
+
+def _step(holder: Any, key: Any, missing: Any = None) -> Any:
+    """holder[key] where that is a dict key or a list index, else `missing`."""
+    if isinstance(holder, dict) and isinstance(key, str) and key in holder:
+        return holder[key]
+    if isinstance(holder, list) and isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(holder):
+        return holder[key]
+    return missing
 
 
 def _nesting(text: str) -> int:

@@ -3,6 +3,8 @@ killed writer's temporary files are recognised and removed (item 5)."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import socket
@@ -17,6 +19,7 @@ from models.safe_files import (
     RunFolderError,
     finite_json,
     is_own_temp,
+    nan_at,
     read_json,
     read_regular,
     read_tensors,
@@ -95,9 +98,8 @@ def test_a_special_lock_file_is_refused_and_never_blocks(tmp_path, kind):
     _special(tmp_path / LOCK, kind)
     with no_hang(10):
         assert writer_pid(tmp_path) is None
-        with pytest.raises(RunFolderError, match=re.escape(f"{LOCK} is {SPECIAL[kind]}")):
-            with run_lock(tmp_path):
-                pass
+        with pytest.raises(RunFolderError, match=re.escape(f"{LOCK} is {SPECIAL[kind]}")), run_lock(tmp_path):
+            pass
 
 
 def _dead_pid() -> int:
@@ -119,6 +121,8 @@ def test_the_lock_taker_removes_a_dead_writers_temp_files_only(tmp_path):
 
 
 def test_finite_json_replaces_nan_and_infinity_by_null_and_says_where():
-    value, where = finite_json({"a": [1.0, float("nan")], "b": {"c": float("inf")}, "d": "nan"})
-    assert value == {"a": [1.0, None], "b": {"c": None}, "d": "nan"}
-    assert where == ["a[1]", "b.c"]
+    value, where = finite_json({"a": [1.0, float("nan")], "b": {"c": float("inf")}, "d": "nan", "e": None})
+    assert value == {"a": [1.0, None], "b": {"c": None}, "d": "nan", "e": None}
+    assert where == [["a", 1], ["b", "c"]]
+    back = nan_at(json.loads(json.dumps(value, allow_nan=False)), where + [["e", 0], ["zz"], "bad"])
+    assert math.isnan(back["a"][1]) and math.isnan(back["b"]["c"]) and back["e"] is None and back["a"][0] == 1.0
