@@ -173,6 +173,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="where the model and its batches run (default: cpu, whatever device trained the run, so "
                               "the numbers are the same on every machine; cuda agrees within fp32 rounding; "
                               "auto = CUDA when present)")
+    analyze.add_argument("--timeline", action="store_true",
+                         help="instead: the verdict, head labels, exact head patching, the circuit (nodes) and the "
+                              "probes at every snapshot of the run's weights, as timeline.json and a report section")
+    analyze.add_argument("--no-progress", action="store_true", help="no progress bar (with --timeline)")
     analyze.set_defaults(run=_cmd_analyze)
 
     outside = sub.add_parser("analyze-model", help="the same analysis on your own HookedTransformer and prompt pairs",
@@ -187,8 +191,11 @@ def _parser() -> argparse.ArgumentParser:
     outside.add_argument("--seed", type=int, default=0, help="seeds torch before FUNCTION() runs (default 0)")
     outside.set_defaults(run=_cmd_analyze_model)
 
-    report = sub.add_parser("report", help="(re)write report.html of a trained run")
-    report.add_argument("run_dir", type=Path)
+    report = sub.add_parser("report", help="(re)write report.html of a trained run, or the page of a sweep",
+                            description="A run folder: (re)write its report.html. A sweep folder (sweep.json, or "
+                                        "sweep_plan.json while it runs): write its page, report.html and "
+                                        "sweep_page.json, the grid coloured by verdict with links to every run.")
+    report.add_argument("run_dir", type=Path, help="a run folder or a sweep folder")
     report.set_defaults(run=_cmd_report)
 
     study = sub.add_parser("study", help="run one experiment of the papers (many runs, one summary report)",
@@ -249,6 +256,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", choices=["cpu", "cuda"],
                        help="instead: the lego-gpu shape on this device (steps/s, fraction of a bf16 matmul peak, data "
                             "vs step time, patching vs TransformerLens)")
+    bench.add_argument("--snapshots", action="store_true",
+                       help="instead: training time and disk with the default snapshots against none (lego-cpu, "
+                            "composite-matched), side by side")
     bench.set_defaults(run=_cmd_benchmark)
     return parser
 
@@ -377,7 +387,7 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from analyses.demo import check_demo_folder, demo_learned
-    from models.runs import DEMO, LOCK, RUN_FILES, atomic_write_bytes, run_lock
+    from models.runs import DEMO, LOCK, RUN_FILES, SNAPSHOTS, atomic_write_bytes, remove_snapshots, run_lock
 
     cfg = _resolve_config(args, "lego-cpu", "lego")
     started = time.perf_counter()
@@ -385,7 +395,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     with run_lock(args.out):  # nobody else writes the folder while the demo empties and retrains it
         check_demo_folder(args.out)  # again under the lock: a run written meanwhile is not deleted
         for path in args.out.iterdir():  # the demo starts fresh, but deletes only a run folder's own files
-            if path.name in RUN_FILES and path.name != LOCK:
+            if path.name == SNAPSHOTS:
+                remove_snapshots(args.out)
+            elif path.name in RUN_FILES and path.name != LOCK:
                 path.unlink()
         atomic_write_bytes(args.out / DEMO, json.dumps({"config": cfg.to_dict()}, indent=1).encode())
         status = _train(cfg, args.out, resume=False, progress=not args.no_progress)
@@ -399,25 +411,57 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from interp.run_report import write_run_report
-    from models.runs import load_run, run_lock
+    from interp.sweep_cells import is_sweep_folder
+    from models.runs import CONFIG, load_run, run_lock
 
     if not args.run_dir.is_dir():
         raise ConfigError(f"{args.run_dir} is not a run folder; train one first (workbench train --out {args.run_dir})")
+    if is_sweep_folder(args.run_dir) and not (args.run_dir / CONFIG).exists():
+        return _report_sweep(args.run_dir)
+    if not (args.run_dir / CONFIG).exists() and not (args.run_dir / CONFIG).is_symlink():
+        raise ConfigError(f"{args.run_dir} is neither a run folder (it has no config.json) nor a sweep folder (no "
+                          f"sweep.json or sweep_plan.json); give a folder written by `workbench train` or `workbench sweep`")
     with run_lock(args.run_dir):  # a folder in training is refused, naming the trainer
         path = write_run_report(load_run(args.run_dir))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return 0
 
 
+def _report_sweep(folder: Path) -> int:
+    """The sweep's page, written again (its own report.html and sweep_page.json only: no run is
+    locked or written, so a sweep in progress can be looked at); exit 2 naming a damaged cell."""
+    from interp.sweep_page import write_sweep_page
+
+    page, html_path, json_path = write_sweep_page(folder)
+    counts = ", ".join(f"{n} {status}" for status, n in page["counts"].items())
+    print(f"wrote {html_path} and {json_path} ({len(page['cells'])} cells: {counts})")
+    if page["damaged"]:
+        first = page["damaged"][0]
+        more = f" (and {len(page['damaged']) - 1} more damaged cell(s), listed on the page)" if len(page["damaged"]) > 1 else ""
+        print(f"workbench report: configuration error: cell {first['cell']} is damaged: {first['error']}{more}",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from interp.analysis import analyze_run, task_analysis, write_analysis
     from interp.run_report import write_run_report
-    from models.runs import load_run, run_lock
+    from models.memory import check_memory
+    from models.runs import load_run, read_config, run_lock
     from models.train import resolve_device
+    from tasks import make_task
 
     if not (args.run_dir / "model.safetensors").exists():
         raise ConfigError(f"{args.run_dir} holds no trained model (model.safetensors); train it first")
     device = resolve_device(args.device, setting="analyze --device")
+    cfg = read_config(args.run_dir)
+    try:
+        check_memory(cfg, make_task(cfg.task), device, purpose="analyze", n_samples=args.samples)
+    except ConfigError as err:
+        raise ConfigError(f"{args.run_dir / 'config.json'}: {err}") from None
+    if getattr(args, "timeline", False):
+        return _analyze_timeline(args, device)
     with run_lock(args.run_dir):  # a folder in training is refused, naming the trainer; nothing it writes is overwritten
         run = load_run(args.run_dir, device=device)
         analysis = analyze_run(run, n_samples=args.samples, seed=args.seed, device=device)
@@ -425,6 +469,27 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         report_path = write_run_report(run, analysis=analysis)
     print(task_analysis(analysis.task).headline(analysis.verdict))
     print(f"wrote {json_path} and {report_path} in {analysis.seconds:.0f} s on {device.type}")
+    return 0
+
+
+def _analyze_timeline(args: argparse.Namespace, device) -> int:
+    """`analyze --timeline`: every snapshot analysed (interp/timeline.py), timeline.json and the
+    report rewritten with its section. The snapshots are checked before anything is written."""
+    from interp.run_report import write_run_report
+    from interp.timeline import analyze_timeline, moments, write_timeline
+    from models.runs import load_run, run_lock
+
+    with run_lock(args.run_dir):
+        run = load_run(args.run_dir, device=device)
+        moments(run.path)  # no snapshots, or a damaged index: exit 2 before the analysis starts
+        timeline = analyze_timeline(run, seed=args.seed, device=device, progress=not args.no_progress)
+        path = write_timeline(run.path, timeline)
+        report_path = write_run_report(run)
+    summary = timeline["summary"]
+    changes = ", ".join(f"{c['from']} -> {c['to']} at step {c['step']}" for c in summary["changes"]) or "none"
+    print(f"{summary['final_label']}, decided at step {summary['decided_at']} ({len(timeline['points'])} moments; "
+          f"changes: {changes})")
+    print(f"wrote {path} and {report_path} in {timeline['seconds']:.0f} s on {device.type}")
     return 0
 
 
@@ -485,14 +550,15 @@ _SWEEP_HELP = """Train every combination of the --grid values on top of a preset
 run folder under --out (named like init_gamma=0.3__n_layers=2__seed=0), next to sweep.json (the
 index: grid, status, wall time and final metrics per cell) and report.html. Re-running the same
 command skips finished (and diverged) cells, resumes killed ones and retries failed ones.
-Exit status 1 when some cell failed (re-run to retry), 2 when a cell's folder holds a damaged file
-or another run (a re-run cannot fix it: the message names the file). Example:
+Exit status 1 when some cell failed or its folder was busy (re-run to retry), 2 when a cell's folder
+holds a damaged file or another run (a re-run cannot fix it: the message names the file). Killed
+in any way, the sweep's workers die with it (Linux), and the same command resumes it. Example:
   workbench sweep --preset composite-cpu --grid model.init_gamma=0.3,0.5 model.n_layers=2,3 \\
       train.seed=0,1 --out runs/sweeps/x"""
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from analyses.sweep import check_ray_address, grid_cells, parse_grid, run_sweep
+    from analyses.sweep import check_ray_address, grid_cells, machine_cores, parse_grid, run_sweep
     from models.presets import get_preset
     from models.runs import run_lock
 
@@ -503,9 +569,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     _load_tasks()  # a task's module in interp/tasks/ may register presets
     base = get_preset(args.preset).with_overrides(args.overrides)
     grid = parse_grid(args.grid)
-    grid_cells(base, grid)  # every cell's config is valid before the folder is made (and locked)
+    cells = grid_cells(base, grid)  # every cell's config is valid before the folder is made (and locked)
+    if not args.address:  # cells on this machine: they must fit in its memory, `workers` at once
+        _check_cells_memory(cells, min(len(cells), args.workers or machine_cores()))
     if args.address:
-        check_ray_address(args.address)  # so is the cluster's address
+        check_ray_address(args.address)  # so is the cluster's address (within seconds)
     with run_lock(args.out):  # one sweep per folder: a second one exits 2 at once, naming the first, and changes nothing
         index = run_sweep(base, grid, args.out, preset=args.preset, workers=args.workers,
                           backend=args.backend, address=args.address, progress=not args.no_progress)
@@ -518,6 +586,16 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if any(cell.get("refused") for cell in index["cells"].values()):
         return EXIT_CONFIG  # a damaged cell folder: running the sweep again cannot fix it
     return 1 if index["counts"].get("failed") else 0
+
+
+def _check_cells_memory(cells: dict, at_once: int) -> None:
+    """Refuse a sweep whose cells, `at_once` of them training together, do not fit in memory."""
+    from models.memory import check_memory
+    from models.train import resolve_device
+    from tasks import make_task
+
+    for cfg in cells.values():
+        check_memory(cfg, make_task(cfg.task), resolve_device(cfg.train.device), copies=at_once)
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
@@ -555,6 +633,12 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
+    if args.snapshots:
+        from analyses.bench_snapshots import run_snapshot_benchmark
+
+        _load_tasks()
+        run_snapshot_benchmark(quick=args.quick)
+        return 0
     if args.patching and args.device:
         raise ConfigError(f"--patching times the run's own model on the CPU; drop --device {args.device} "
                           "(--device alone times the same sweep on a fresh lego-gpu model on that device)")

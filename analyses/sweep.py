@@ -10,7 +10,8 @@ gives the same numbers for the same grid.
 
 A sweep (`run_sweep`, `workbench sweep`) is a grid over config keys on top of a preset:
 `{"model.init_gamma": [0.3, 0.5], "train.seed": [0, 1]}` gives four cells named
-`init_gamma=0.3__seed=0` ...; it writes `sweep.json` (the index) and `report.html`.
+`init_gamma=0.3__seed=0` ...; it writes `sweep_plan.json` (the grid) when it starts, and
+`sweep.json` (the index) and its page (`report.html`, `sweep_page.json`) when it ends.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from analyses.lifeline import die_with, dying_with, machine_key, watched_pid
 from models.config import RunConfig, parse_value
 from models.runs import (
     CONFIG,
@@ -46,11 +48,13 @@ from models.runs import (
     run_state,
     same_recipe,
 )
+from models.safe_files import FolderBusy, run_lock
 from tasks import ConfigError
 
 BACKENDS = ("local", "ray")
-INDEX, CELLS_INDEX = "sweep.json", "cells.json"
+INDEX, PLAN, CELLS_INDEX = "sweep.json", "sweep_plan.json", "cells.json"
 CellFn = Callable[[str, dict[str, Any], str], "CellResult"]
+LOCK_GRACE_S = 10.0  # how long a cell waits for its folder's lock (a killed sweep's worker dies in ~1 s)
 
 
 @dataclass
@@ -70,10 +74,20 @@ class CellResult:
 
 
 def train_cell(name: str, cfg_dict: dict[str, Any], run_dir: str) -> CellResult:
-    """Train (or resume, or skip) one cell. Module-level and picklable, so any backend can call it."""
+    """Train (or resume, or skip) one cell. Module-level and picklable, so any backend can call it.
+    The cell's folder is locked first, waiting up to LOCK_GRACE_S for a worker of a killed sweep
+    to die; a folder still busy after that is `failed` (a re-run retries it), not refused."""
+    try:
+        with run_lock(run_dir, wait=LOCK_GRACE_S):
+            return _train_locked_cell(name, RunConfig.from_dict(cfg_dict), Path(run_dir))
+    except FolderBusy as err:
+        return CellResult(name, "failed", error=f"{err}; re-run the sweep once it has finished")
+
+
+def _train_locked_cell(name: str, cfg: RunConfig, path: Path) -> CellResult:
+    """`train_cell` under the cell's lock."""
     from models.train import Trainer, TrainingDiverged
 
-    cfg, path = RunConfig.from_dict(cfg_dict), Path(run_dir)
     try:  # a cell folder with a damaged config or metrics is recorded as failed, naming the file
         if (path / CONFIG).exists() and not same_recipe(read_config(path), cfg):
             return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away", refused=True)
@@ -169,9 +183,11 @@ def _pool_round(jobs: dict[str, tuple[dict, str]], workers: int, record: Callabl
     threads = threads_per_worker(workers)
     context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
     lost: list[str] = []
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)) or 1, mp_context=context)
+    # every worker dies with this process, however it ends (analyses/lifeline.py)
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)) or 1, mp_context=context,
+                               initializer=die_with, initargs=(os.getpid(),))
     try:
-        with _sigterm_raises():
+        with _stop_signals_raise():
             futures = {pool.submit(_call_with_threads, cell_fn, threads, name, *job): name for name, job in jobs.items()}
             pending = set(futures)
             while pending:
@@ -189,12 +205,16 @@ def _pool_round(jobs: dict[str, tuple[dict, str]], workers: int, record: Callabl
     return [name for name in jobs if name in lost]
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # `kill PID`; a closed terminal or a lost ssh session
+
+
 @contextlib.contextmanager
-def _sigterm_raises():
-    """While inside, SIGTERM (`kill PID`) raises SystemExit(143) in the main thread, as Ctrl-C
-    raises KeyboardInterrupt, so the caller can stop its workers before it exits. Without it the
-    parent dies at once and its workers train on, orphaned, until their cells end: a restarted
-    sweep would then train the same folders twice. Elsewhere than the main thread, a no-op."""
+def _stop_signals_raise():
+    """While inside, SIGTERM (`kill PID`) and SIGHUP (the terminal closed) raise
+    SystemExit(128 + signal) in the main thread, as Ctrl-C raises KeyboardInterrupt, so the
+    caller stops its workers before it exits. A SIGKILL cannot be caught: for it, and for any
+    other death, each worker watches this process itself (analyses/lifeline.py). Elsewhere than
+    the main thread, a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -202,11 +222,12 @@ def _sigterm_raises():
     def terminated(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
 
-    before = signal.signal(signal.SIGTERM, terminated)
+    before = {signum: signal.signal(signum, terminated) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
@@ -234,12 +255,25 @@ def _call_with_threads(cell_fn: CellFn, threads: int, name: str, cfg_dict: dict[
         torch.set_num_threads(before)
 
 
-def check_ray_address(address: str) -> None:
+def _ray_cell(driver: tuple[int, str], name: str, cfg_dict: dict[str, Any], run_dir: str) -> CellResult:
+    """One cell as a Ray task, with one torch thread. On the driver's machine the Ray worker dies
+    with the driver (a killed sweep leaves no cell training); on other machines Ray itself
+    stops the tasks of a job whose driver has gone."""
+    with dying_with(watched_pid(driver)):
+        return _call_with_threads(train_cell, 1, name, cfg_dict, run_dir)
+
+
+PROBE_S = 5.0  # seconds a cluster address has to answer, and to speak gRPC (Ray's protocol)
+
+
+def check_ray_address(address: str) -> str:
     """Refuse, at once and naming it, a cluster address that cannot work: not HOST:PORT or
-    ray://HOST:PORT, a ray:// address without Ray's client installed, or one where nothing
-    answers (Ray itself retries such an address for minutes). `auto` is left to Ray."""
+    ray://HOST:PORT, `auto` with no cluster running here, a ray:// address without Ray's
+    client installed, one where nothing answers, or one that does not speak gRPC (not a Ray
+    server); Ray itself retries such addresses for minutes. Returns the address to connect to
+    (`auto` resolved)."""
     if address == "auto":
-        return
+        address = _resolve_auto()
     target = address.removeprefix("ray://")
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -252,10 +286,80 @@ def check_ray_address(address: str) -> None:
             raise ConfigError(f"--address {address} needs Ray's client: pip install 'ray[client]' (the "
                               f"interp-workbench[ray] extra carries it)") from None
     try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as err:
-        raise ConfigError(f"--address {address}: nothing answers at {host}:{port} ({err.strerror or err}); start a "
-                          f"cluster with `ray start --head` and pass the address it prints") from None
+        socket.create_connection((host, int(port)), timeout=PROBE_S).close()
+    except (OSError, OverflowError) as err:
+        raise ConfigError(f"--address {address}: nothing answers at {host}:{port} ({getattr(err, 'strerror', None) or err}); "
+                          f"start a cluster with `ray start --head` and pass the address it prints") from None
+    _check_speaks_grpc(address, host, port)
+    return address
+
+
+def _resolve_auto() -> str:
+    """The address `auto` stands for (RAY_ADDRESS, or the cluster `ray start` last started here)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address_or_die
+    except ImportError:
+        raise ConfigError("--backend ray needs Ray: pip install 'interp-workbench[ray]'") from None
+    try:
+        return canonicalize_bootstrap_address_or_die("auto")
+    except Exception as err:  # noqa: BLE001 (Ray raises ConnectionError, ValueError ... for a missing cluster)
+        raise ConfigError(f"--address auto: no running Ray cluster found on this machine ({err}); start one with "
+                          f"`ray start --head`, or give its address (HOST:PORT), or leave --address out for a "
+                          f"local Ray instance") from None
+
+
+def _check_speaks_grpc(address: str, host: str, port: str) -> None:
+    """A Ray head (GCS) and Ray's client server both speak gRPC: a server that does not finish a
+    gRPC handshake within PROBE_S seconds is not Ray."""
+    try:
+        import grpc
+    except ImportError:
+        return
+    channel = grpc.insecure_channel(f"{host}:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=PROBE_S)
+    except grpc.FutureTimeoutError:
+        raise ConfigError(f"--address {address}: the server at {host}:{port} is not a Ray cluster (it does not speak "
+                          f"gRPC); pass the address that `ray start --head` prints (HOST:6379 by default) or "
+                          f"ray://HOST:10001") from None
+    finally:
+        channel.close()
+
+
+def use_ray_token() -> bool:
+    """Send Ray's authentication token to a cluster when one is at hand: Ray 2.60 turns token
+    authentication on at `ray start --head` where ~/.ray/auth_token exists, yet sends no token to
+    an address given explicitly unless RAY_AUTH_MODE=token. Sets RAY_AUTH_MODE=token (for this
+    process and its Ray workers) when it is unset and RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
+    ~/.ray/auth_token holds a token; returns whether a token is sent."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return mode.lower() == "token"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
+    if not (os.environ.get("RAY_AUTH_TOKEN") or Path(path).is_file()):
+        return False
+    os.environ["RAY_AUTH_MODE"] = "token"
+    with contextlib.suppress(Exception):  # Ray caches its config at import; read the mode again, as Ray does
+        from ray._raylet import Config
+
+        Config.initialize("")
+    return True
+
+
+def _connect_ray(ray: Any, address: str, **options: Any) -> None:
+    """ray.init to a cluster, its failures as ConfigError: a cluster that wants a token we do not
+    have, or one that does not let us in."""
+    token = use_ray_token()
+    try:
+        ray.init(address=address, **options)
+    except Exception as err:  # noqa: BLE001 (Ray's errors for a refused connection vary by version and address form)
+        if token:
+            hint = "the token sent (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) may not be the cluster's"
+        else:
+            hint = ("if the cluster uses token authentication, put its token in ~/.ray/auth_token or RAY_AUTH_TOKEN "
+                    "(RAY_AUTH_MODE=token is then set for you)")
+        raise ConfigError(f"--address {address}: could not join the Ray cluster ({type(err).__name__}: "
+                          f"{str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}); {hint}") from None
 
 
 def _run_ray(jobs: dict[str, tuple[dict, str]], workers: int, address: str | None,
@@ -270,16 +374,17 @@ def _run_ray(jobs: dict[str, tuple[dict, str]], workers: int, address: str | Non
     except ImportError:
         raise ConfigError("--backend ray needs Ray: pip install 'interp-workbench[ray]'") from None
     started_here = not ray.is_initialized()
+    common = {"log_to_driver": False, "configure_logging": False,
+              "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(_import_roots()), **_passed_env()}}}
     if started_here and address:
-        check_ray_address(address)
-    if started_here:
-        options = {"address": address} if address else {"num_cpus": workers, "include_dashboard": False}
-        ray.init(**options, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(_import_roots())}})
+        _connect_ray(ray, check_ray_address(address), **common)
+    elif started_here:
+        ray.init(num_cpus=workers, include_dashboard=False, **common)
     try:
         gpus = gpu_share(ray.cluster_resources().get("GPU", 0), workers)
-        remote = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(_call_with_threads)
-        refs = {remote.remote(train_cell, 1, name, *job): name for name, job in jobs.items()}
+        remote = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(_ray_cell)
+        driver = (os.getpid(), machine_key())
+        refs = {remote.remote(driver, name, *job): name for name, job in jobs.items()}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
@@ -290,6 +395,13 @@ def _run_ray(jobs: dict[str, tuple[dict, str]], workers: int, address: str | Non
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _passed_env() -> dict[str, str]:
+    """Settings of this process that its Ray cells must see too (the memory check's override)."""
+    from models.memory import SKIP_ENV
+
+    return {SKIP_ENV: os.environ[SKIP_ENV]} if SKIP_ENV in os.environ else {}
 
 
 def gpu_share(gpus: float, workers: int) -> float:
@@ -399,12 +511,17 @@ def grid_cells(base: RunConfig, grid: dict[str, list[Any]]) -> dict[str, RunConf
 def run_sweep(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, *, preset: str | None = None,
               workers: int | None = None, backend: str = "local", address: str | None = None,
               progress: bool = True) -> dict[str, Any]:
-    """Train the grid's cells under `out` and write `out/sweep.json` and `out/report.html`.
-    Returns the index (what sweep.json holds)."""
+    """Train the grid's cells under `out` and write `out/sweep.json`, then the sweep's page
+    (`out/report.html` and `out/sweep_page.json`, interp/sweep_page.py); `out/sweep_plan.json`
+    (grid and cells) is written first, so a sweep in progress has a page too. Returns the index
+    (what sweep.json holds)."""
     out = Path(out)
     cells = grid_cells(base, grid)
     points = {cell_name(p): p for p in grid_points(grid)}
     started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)  # the plan: what the sweep's page of a sweep in progress reads
+    _write_json(out / PLAN, {"preset": preset, "grid": grid, "base": base.to_dict(),
+                             "cells": {name: {"point": point} for name, point in points.items()}})
     results = run_cells(cells, out, workers=workers, backend=backend, address=address, progress=progress)
     index = {
         "preset": preset, "grid": grid, "base": base.to_dict(), "backend": backend,
@@ -414,7 +531,9 @@ def run_sweep(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, *, p
         "cells": {name: {"point": points[name], **_summary(result)} for name, result in results.items()},
     }
     _write_json(out / INDEX, index)
-    write_sweep_report(index, out / "report.html")
+    from interp.sweep_page import write_sweep_page  # here: the cells' worker processes import this module
+
+    write_sweep_page(out)
     return index
 
 
@@ -422,28 +541,3 @@ def _summary(result: CellResult) -> dict[str, Any]:
     scalars = {k: v for k, v in result.final.items() if isinstance(v, int | float | str | None)}
     summary = {"status": result.status, "seconds": round(result.seconds, 2), "final": scalars, "error": result.error}
     return {**summary, "refused": True} if result.refused else summary
-
-
-def write_sweep_report(index: dict[str, Any], path: Path) -> Path:
-    """One table row per cell: its grid values, status, wall time and final scalar metrics."""
-    from interp.report import Report, table_html
-
-    keys = list(index["grid"])
-    metrics = sorted({m for cell in index["cells"].values() for m in cell["final"]
-                      if m not in ("step", "lr", "elapsed_s", "diverged")})
-    rows = [[*(json.dumps(cell["point"][k]) for k in keys), cell["status"], f"{cell['seconds']:.0f}",
-             *(_fmt(cell["final"].get(m)) for m in metrics)] for cell in index["cells"].values()]
-    report = Report(f"Sweep {path.parent.name}")
-    report.add("Cells", f"<p>{index['counts']} on backend {index['backend']} with {index['workers']} worker(s), "
-                        f"{index['wall_seconds']:.0f} s wall.</p>"
-                        + table_html(rows, [*keys, "status", "seconds", *metrics]))
-    failed = {name: cell["error"] for name, cell in index["cells"].items() if cell["status"] == "failed"}
-    if failed:
-        report.add("Failed cells (re-run the sweep to retry them)",
-                   table_html([[name, (error or "").strip().splitlines()[-1]] for name, error in failed.items()],
-                              ["cell", "error (full text in sweep.json)"]))
-    return report.write(path)
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))

@@ -137,7 +137,16 @@ class TaskAnalysis:
     verdict_html, probes_html -> report sections, from analysis.json's verdict and probes;
     curves(run) -> the training-curve figure;
     planted_note -> HTML the report adds where a run's model has planted heads (what such a model
-      of this task is not, and where to look instead)."""
+      of this task is not, and where to look instead);
+    verdict_label(verdict dict) -> the verdict in a word or phrase, for the timeline (default: its
+      "verdict" field);
+    timeline_panels(verdict dict) -> panel title -> series name -> value: the evidence a timeline
+      draws (default: every number of the verdict, grouped by field; interp/timeline.py);
+    summary(last metrics.jsonl record) -> {"label": ..., "rates": {name: value}}, or None where the
+      record lacks what it reads: a run's verdict without an analysis, for the sweep page (default:
+      the task's headline metric and the label "-"; interp/sweep_cells.py);
+    verdict_rates(verdict dict) -> name -> value: the few rates that decide the verdict, named as
+      `summary` names them (default: the first panel of `timeline_panels`)."""
 
     findings: Callable[[LoadedRun, int], tuple[Probes | None, Verdict]]
     headline: Callable[[Verdict], str]
@@ -147,6 +156,10 @@ class TaskAnalysis:
     curves_caption: str
     circuit_findings: Callable[[Verdict, Circuit, dict[str, str], set[str]], Verdict] | None = None
     planted_note: str = ""
+    verdict_label: Callable[[dict[str, Any]], str] | None = None
+    timeline_panels: Callable[[dict[str, Any]], dict[str, dict[str, float]]] | None = None
+    summary: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
+    verdict_rates: Callable[[dict[str, Any]], dict[str, float]] | None = None
 
 
 TASK_ANALYSES: dict[str, TaskAnalysis] = {}  # task name -> its analysis, filled by the modules of interp/tasks/

@@ -30,6 +30,7 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, ana
                 raise
             raise RunFolderError(f"{run.path / ANALYSIS} cannot be shown ({type(err).__name__}: {err}); it is damaged "
                                  f"or of another version; run `workbench analyze {run.path}` again") from None
+    _timeline_section(report, run)
     report.add("Configuration", f"<pre>{html.escape(run.config.to_json())}</pre>")
     report.add("Training curves", _curves_html(run))
     report.add("Attention patterns", _attention_html(report, run, n_examples, seed))
@@ -42,6 +43,21 @@ def _non_finite_html(run: LoadedRun) -> str:
     if not weights:
         return ""
     return f"<p class='warning'><strong>{html.escape(non_finite_note([], weights)['statement'])}.</strong></p>"
+
+
+def _timeline_section(report: Report, run: LoadedRun) -> None:
+    """The timeline (`workbench analyze --timeline`), where the run has one."""
+    from interp.timeline import read_timeline
+    from interp.timeline_html import timeline_html
+
+    timeline = read_timeline(run.path)
+    if timeline is None:
+        return
+    try:
+        report.add("Timeline: the solution through training", timeline_html(timeline, run.metrics))
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        raise RunFolderError(f"{run.path / 'timeline.json'} cannot be shown ({type(err).__name__}: {err}); it is "
+                             f"damaged; run `workbench analyze {run.path} --timeline` again") from None
 
 
 def _analysed_weights_html(run: LoadedRun, written: dict | None) -> str:

@@ -160,6 +160,13 @@ class TrainConfig:
       (an lr anneal, or a curriculum: the same model on a harder task config). Its model section
       must equal this run's. The source's path, step and weight digest go to init.json; resume
       continues from this run's own checkpoints and no longer needs the source.
+    snapshots: the weights kept along the way (models/snapshots.py, for `workbench analyze
+      --timeline`): a count N keeps step 0, N - 2 log-spaced steps and the final weights; a list
+      keeps those of its steps below train.steps (so one list serves every stage of a curriculum); 0 none.
+    snapshot_loss_factor: keep the snapshot of the evaluation before the one where the training
+      loss rose more than this factor above its running minimum (and by 0.01 at least); null: off.
+    snapshot_watch: metrics whose move by more than `snapshot_watch_delta` between two evaluations
+      keeps the snapshot before (null: the task's headline metric; [] none).
     """
 
     steps: int = 1000
@@ -186,8 +193,13 @@ class TrainConfig:
     plateau_watch: list[str] = field(default_factory=list)
     plateau_watch_tol: float = 0.02
     init_from: str | None = None
+    snapshots: int | list[int] = 20
+    snapshot_loss_factor: float | None = 4.0
+    snapshot_watch: list[str] | None = None
+    snapshot_watch_delta: float = 0.2
 
     def __post_init__(self) -> None:
+        self._check_snapshots()
         if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from.strip()):
             raise ConfigError(f"train.init_from={self.init_from!r} must name a run folder, or be null")
         if self.init_from is not None and self.mimic_steps:
@@ -229,6 +241,26 @@ class TrainConfig:
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"train.seed={self.seed} is outside 0..{MAX_SEED} (the data and evaluation seeds are "
                               f"offsets of it, and torch's generators take 64-bit seeds)")
+
+
+    def _check_snapshots(self) -> None:
+        spec = self.snapshots
+        is_count = isinstance(spec, int) and not isinstance(spec, bool)
+        if not is_count and not (isinstance(spec, list) and all(isinstance(s, int) and not isinstance(s, bool)
+                                                                 for s in spec)):
+            raise ConfigError(f"train.snapshots={spec!r} is neither a count nor a list of steps; e.g. 20 or [0, 500, 1000]")
+        if isinstance(spec, list):
+            wrong = [s for s in spec if s < 0]
+            if wrong or len(set(spec)) != len(spec):
+                raise ConfigError(f"train.snapshots={spec}: each step once, and >= 0" + (f" ({wrong} are not)" if wrong else ""))
+        elif spec == 1 or spec < 0:
+            raise ConfigError(f"train.snapshots={spec}: give a count >= 2 (step 0, log-spaced steps and the final "
+                              f"weights), a list of steps, or 0 for none")
+        if self.snapshot_loss_factor is not None and not self.snapshot_loss_factor > 1:
+            raise ConfigError(f"train.snapshot_loss_factor={self.snapshot_loss_factor} must be > 1, or null for no "
+                              f"loss-spike snapshots")
+        if not 0 < self.snapshot_watch_delta <= 1:
+            raise ConfigError(f"train.snapshot_watch_delta={self.snapshot_watch_delta} must be within (0, 1]")
 
 
 @dataclass

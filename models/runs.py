@@ -40,6 +40,7 @@ from models.safe_files import (
     save_tensors,
     writer_pid,
 )
+from models.snapshots import SNAPSHOTS
 from tasks import ConfigError, Task, make_task
 
 CONFIG, WEIGHTS, TRAIN_STATE, METRICS = "config.json", "model.safetensors", "train_state.safetensors", "metrics.jsonl"
@@ -48,7 +49,9 @@ INIT = "init.json"  # where the starting weights came from, when `train.init_fro
 ANALYSIS, REPORT = "analysis.json", "report.html"
 DEMO = "demo.json"  # written by `workbench demo`: the config of its run, which marks the folder as the demo's
 ERROR_LOG = "workbench-error.log"  # the traceback of a command's unexpected error (analyses/cli.py)
-RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK, DEMO, ERROR_LOG}  # what a run folder may hold
+TIMELINE = "timeline.json"  # written by `workbench analyze --timeline` (interp/timeline.py)
+RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK, DEMO, ERROR_LOG, SNAPSHOTS,
+             TIMELINE}  # what a run folder may hold
 PACKAGES = ("interp-workbench", "torch", "transformer-lens", "circuitsvis", "numpy")
 ADAMW_STATE = {"step", "exp_avg", "exp_avg_sq"}  # what AdamW keeps per parameter (optim.<index>.<name>)
 
@@ -540,8 +543,22 @@ class RunFolder:
             return
         for name in (CONFIG, METRICS, MIMIC, DEMO):
             (self.path / name).unlink(missing_ok=True)
+        remove_snapshots(self.path)
         with contextlib.suppress(OSError):
             self.path.rmdir()
+
+
+def remove_snapshots(run_dir: Path) -> None:
+    """The run's snapshots folder, where it is a real folder (never through a link), with the files
+    this workbench writes there only; a folder holding anything else is left."""
+    folder = Path(run_dir) / SNAPSHOTS
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    for path in folder.iterdir():
+        if path.name == "index.json" or (path.name.startswith("step-") and path.suffix == ".safetensors"):
+            path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def out_of_memory(err: BaseException) -> bool:

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,18 +37,24 @@ class RunFolderError(ConfigError):
     lock here; the rest of the workbench imports it from models/runs.py."""
 
 
+class FolderBusy(RunFolderError):
+    """Another live process holds the folder's lock. Unlike the other RunFolderErrors, waiting
+    fixes it: the holder finishes, or is stopped, and a re-run then takes the folder."""
+
+
 LOCK = ".workbench.lock"  # present while a process writes the folder (holds its pid)
 _HELD: dict[Path, tuple[int, int]] = {}  # folder -> (lock fd, re-entry count), this process's locks
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: str | Path) -> Iterator[None]:
+def run_lock(run_dir: str | Path, wait: float = 0.0) -> Iterator[None]:
     """Hold the folder's write lock: one writer per run folder. Taken before anything is written
     (the folder is created if needed) and released on exit, however the block ends. A second
     writer gets RunFolderError naming the holder's pid. A lock left by a killed process is free
     again (the kernel drops flock locks with their process), so it is taken over. Re-entrant
-    within one process. POSIX only (fcntl.flock). Its taker removes what killed writers left in
-    the folder (`remove_dead_temps`)."""
+    within one process. `wait`: seconds to keep trying while another process holds it (a worker
+    of a killed sweep takes a moment to die) before FolderBusy. POSIX only (fcntl.flock). Its
+    taker removes what killed writers left in the folder (`remove_dead_temps`)."""
     run_dir = Path(run_dir).resolve()
     if run_dir in _HELD:
         fd, count = _HELD[run_dir]
@@ -59,7 +66,7 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
             _HELD[run_dir] = (fd, count - 1)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = _acquire(run_dir / LOCK)
+    fd = _acquire_within(run_dir / LOCK, wait)
     _HELD[run_dir] = (fd, 1)
     remove_dead_temps(run_dir)
     try:
@@ -101,6 +108,18 @@ def _holder(fd: int) -> str:
     return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
 
 
+def _acquire_within(path: Path, wait: float) -> int:
+    """`_acquire`, tried again every 0.1 s for up to `wait` seconds while the folder is busy."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return _acquire(path)
+        except FolderBusy:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _acquire(path: Path) -> int:
     while True:
         try:
@@ -124,7 +143,7 @@ def _acquire(path: Path) -> int:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise RunFolderError(f"{path.parent} is being written by another process (pid {holder}); wait for it "
+            raise FolderBusy(f"{path.parent} is being written by another process (pid {holder}); wait for it "
                                  f"to finish or stop it, then try again") from None
         try:
             same_file = os.stat(path).st_ino == os.fstat(fd).st_ino

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from models.config import RunConfig, TrainConfig
 from models.factory import build_model, forward, unique_parameters
+from models.memory import EVAL_CHUNK, check_memory
 from models.runs import (
     LoadedRun,
     Progress,
@@ -37,10 +38,10 @@ from models.runs import (
     same_recipe,
     verified_weights,
 )
+from models.snapshots import EventWatch, SnapshotKeeper, scheduled_steps
 from tasks import Batch, ConfigError, Task, logits_at_labels, make_task, seeded_generator
 
 IDENTITY_SCALARS = ("identity_a", "identity_b")  # models/identity_attention.py
-EVAL_CHUNK = 1000  # samples per evaluation forward pass; bounds memory on long sequences
 # seed offsets of a run's data, from train.seed: training batches use the seed itself
 EVAL_SEED_OFFSET = 1_000_003  # the evaluation batch (test split)
 TRAIN_SET_SEED_OFFSET = 2_000_003  # the fixed training set of train.n_train
@@ -222,6 +223,7 @@ class Trainer:
         self.folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
         self.task = make_task(cfg.task)
         self.device = resolve_device(cfg.train.device)
+        check_memory(cfg, self.task, self.device)  # before anything is allocated or written
         self.model = build_model(cfg.model, self.task, seed=cfg.train.seed, device=self.device)
         self.optimizer = self._make_optimizer()
         check_precision(self.device, cfg.train.precision)
@@ -240,6 +242,16 @@ class Trainer:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         # checked before anything is written; a resumed run starts from its own checkpoint instead
         self.init = None if resume or cfg.train.init_from is None else starting_weights(cfg, self.model, Path(cfg.train.init_from))
+        self.snapshots = self._snapshot_keeper()
+
+    def _snapshot_keeper(self) -> SnapshotKeeper | None:
+        """What keeps the run's snapshots (models/snapshots.py); None with train.snapshots=0."""
+        train = self.cfg.train
+        if train.snapshots == 0:
+            return None
+        watch = [self.task.headline_metric] if train.snapshot_watch is None else list(train.snapshot_watch)
+        return SnapshotKeeper(self.folder.path, scheduled_steps(train.snapshots, train.steps),
+                              EventWatch(train.snapshot_loss_factor, watch, train.snapshot_watch_delta))
 
     def _check_stop_rule_metrics(self) -> None:
         """The stop rule's metrics (the task's headline, `plateau_watch`) must be among what the
@@ -294,6 +306,8 @@ class Trainer:
         while self.step < train.steps and not stopped:
             self._train_step(self._next_batch())
             self.step += 1
+            if self.snapshots is not None and self.snapshots.due(self.step):
+                self.snapshots.after_step(self.step, unique_parameters(self.model))
             bar.update(1)
             self.elapsed = time.perf_counter() - started
             if self.step % train.eval_every == 0 or self.step == train.steps:
@@ -324,6 +338,8 @@ class Trainer:
             self.folder.write_init(record)
         if self.cfg.train.mimic_steps:
             self._mimic()
+        if self.snapshots is not None:  # step 0: the weights training starts from
+            self.snapshots.start(unique_parameters(self.model))
 
     def _mimic(self) -> None:
         """Mimicking pre-training (models/mimic.py) from its own seed; its losses go to mimic.json.
@@ -394,6 +410,10 @@ class Trainer:
         }
         self.loss_sum.zero_()
         self.loss_count = 0
+        if self.snapshots is not None:
+            events = self.snapshots.at_evaluation(self.step, record, unique_parameters(self.model))
+            if events:
+                record["snapshot_events"] = events
         if self._plateaued(record):
             record["stopped"] = "plateau"
         self.folder.append_metrics(record)
@@ -460,6 +480,8 @@ class Trainer:
         self.loss_sum.fill_(progress.loss_sum)
         self.folder.restore_weights_file(checkpoint)
         self.folder.drop_metrics_after(self.step)
+        if self.snapshots is not None:
+            self.snapshots.resume(self.step, self.folder.metrics(), checkpoint.weights)
 
 
 def _settled(values: list[Any], tol: float) -> bool:

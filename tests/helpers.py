@@ -29,6 +29,14 @@ def tiny_composite_run(steps: int = 20, **train) -> RunConfig:
     )
 
 
+def folder_bytes(folder) -> dict[str, bytes]:
+    """Every file under `folder` (snapshots/ included), by its path inside it, with its bytes:
+    what a test compares to say that a command changed nothing."""
+    from pathlib import Path
+
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
 class Killed(Exception):
     """Stands for a kill in the middle of training."""
 

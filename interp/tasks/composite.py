@@ -40,7 +40,9 @@ from tasks.base import uniform_choice
 
 SEEN_ACCURACY_TO_COUNT = 0.9  # below it a composite cell counts as not learned (PAPERS.md)
 COMPOSITE_SITES = ("key", "anchor1", "anchor2", "last")
-COMPOSITE_QUANTITIES = ("key", "intermediate", "target")
+# "intermediate" is g(x; a1) = x + shift(a1), the paper's order; "intermediate_a2" is g(x; a2), what the
+# group's public code computes first (it applies the second anchor first: y = f(f(x, a2), a1))
+COMPOSITE_QUANTITIES = ("key", "intermediate", "intermediate_a2", "target")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,11 +330,12 @@ class CompositeProbeMap:
 
 
 def composite_quantities(task: CompositeTask, batch: Batch) -> Int[Tensor, "batch quantity"]:
-    """The key x, g(x; a1) and the label, in the order of COMPOSITE_QUANTITIES."""
+    """The key x, g(x; a1), g(x; a2) and the label, in the order of COMPOSITE_QUANTITIES."""
     shifts = torch.tensor(task.cfg.shifts)
-    first_anchor = torch.tensor(task.pairs)[batch.latents["pair"], 0]
+    anchors = torch.tensor(task.pairs)[batch.latents["pair"]]
     key = batch.latents["key"]
-    return torch.stack([key, key + shifts[first_anchor - 1], batch.labels[:, 0]], dim=-1)
+    return torch.stack([key, key + shifts[anchors[:, 0] - 1], key + shifts[anchors[:, 1] - 1], batch.labels[:, 0]],
+                       dim=-1)
 
 
 def composite_probe_set(task: CompositeTask, batch: Batch) -> ProbeSet:
@@ -398,8 +401,39 @@ def composite_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
                                 ylabel="rate", title="accuracy and held-out answers")
 
 
+def composite_timeline_panels(verdict: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The timeline's evidence: seen accuracy and the held-out pair's answers (x-10 inferential,
+    x-6 symmetric, other), and each answer's rate per key position."""
+    answers = {"seen accuracy": verdict["seen_accuracy"], "held-out x-10 (inferential)": verdict["held_out_inferential"],
+               "held-out x-6 (symmetric)": verdict["held_out_symmetric"], "held-out other": verdict["held_out_other"]}
+    panels = {"held-out answers": answers}
+    for answer, title in (("inferential", "x-10 by key position"), ("symmetric", "x-6 by key position")):
+        rates = verdict.get("held_out_by_key_position", {}).get(answer, [])
+        panels[title] = {f"key at {p}": r for p, r in enumerate(rates) if r is not None}
+    return panels
+
+
+def composite_verdict_rates(verdict: dict[str, Any]) -> dict[str, float]:
+    """The rates that decide a composite verdict: seen-pair accuracy, held-out x-10 and x-6."""
+    return {"seen": verdict["seen_accuracy"], "x-10": verdict["held_out_inferential"], "x-6": verdict["held_out_symmetric"]}
+
+
+def composite_summary(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A run's verdict from its last evaluation (the evaluation batch's seen accuracy and held-out
+    rates), by `classify_composite`; without held-out rates (an evaluation batch too small to hold
+    the held-out pair) only "unlearned" can be told, else "-". None without seen accuracy."""
+    if "acc_seen" not in record:
+        return None
+    rates = {"seen": record["acc_seen"]}
+    if "held_out_inferential" in record and "held_out_symmetric" in record:
+        rates |= {"x-10": record["held_out_inferential"], "x-6": record["held_out_symmetric"]}
+        return {"label": classify_composite(*rates.values()), "rates": rates}
+    return {"label": "unlearned" if rates["seen"] < SEEN_ACCURACY_TO_COUNT else "-", "rates": rates}
+
+
 register_analysis("composite", TaskAnalysis(
     _composite_findings, lambda verdict: verdict.verdict, table_verdict_html, _composite_probes_html,
     lambda run: composite_curves(run.metrics),
-    "Seen-pair accuracy on test keys, and the answers on the held-out pair.", _composite_circuit_findings))
+    "Seen-pair accuracy on test keys, and the answers on the held-out pair.", _composite_circuit_findings,
+    timeline_panels=composite_timeline_panels, summary=composite_summary, verdict_rates=composite_verdict_rates))
 register_preset("composite-cpu", composite_cpu, default_for="composite")

@@ -583,8 +583,43 @@ def _lego_curves(run: LoadedRun) -> plt.Figure:
     return lego_curves(run.metrics, run.task.supervised_slots())
 
 
+def lego_verdict_label(verdict: dict[str, Any]) -> str:
+    """Which variables the model answers (accuracy >= LEARNED_ACCURACY), e.g. "#0-#2 learned"."""
+    learned = [i for i, acc in enumerate(verdict["acc_per_var"]) if acc >= LEARNED_ACCURACY]
+    if not learned:
+        return "none learned"
+    runs: list[list[int]] = []
+    for i in learned:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return " ".join(f"#{r[0]}" if len(r) == 1 else f"#{r[0]}-#{r[-1]}" for r in runs) + " learned"
+
+
+def lego_timeline_panels(verdict: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The timeline's evidence: accuracy per variable ("#2 (not supervised)" for extrapolation)."""
+    names = [f"#{i}" + ("" if sup else " (not supervised)") for i, sup in enumerate(verdict["supervised"])]
+    return {"accuracy per variable": dict(zip(names, verdict["acc_per_var"]))}
+
+
+def lego_verdict_rates(verdict: dict[str, Any]) -> dict[str, float]:
+    """Accuracy per variable, "#0" ... "#n-1"."""
+    return {f"#{i}": acc for i, acc in enumerate(verdict["acc_per_var"])}
+
+
+def lego_summary(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A run's verdict from its last evaluation's accuracy per variable (`lego_verdict_label`);
+    None where the record has none."""
+    if not isinstance(record.get("acc_per_var"), list):
+        return None
+    verdict = {"acc_per_var": record["acc_per_var"]}
+    return {"label": lego_verdict_label(verdict), "rates": lego_verdict_rates(verdict)}
+
+
 register_analysis("lego", TaskAnalysis(
     lego_findings, lambda verdict: json.dumps(verdict.findings), _lego_verdict_html, _lego_probes_html,
     _lego_curves, "Solid: supervised variables; dashed: not supervised (extrapolation).", _lego_circuit_findings,
-    planted_note=PLANTED_NOTE))
+    planted_note=PLANTED_NOTE, verdict_label=lego_verdict_label, timeline_panels=lego_timeline_panels,
+    summary=lego_summary, verdict_rates=lego_verdict_rates))
 register_preset("lego-cpu", lego_cpu, default_for="lego")

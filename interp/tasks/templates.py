@@ -62,5 +62,7 @@ def templates_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
 register_analysis("templates", TaskAnalysis(
     _templates_findings, lambda verdict: f"{verdict.verdict} (accuracy per symbol split {verdict.accuracy})",
     table_verdict_html, None, lambda run: templates_curves(run.metrics),
-    "Accuracy on strings of test symbols, never seen in training."))
+    "Accuracy on strings of test symbols, never seen in training.",
+    timeline_panels=lambda verdict: {"error per symbol split": {f"{split} error": round(1 - acc, 4)
+                                                                for split, acc in verdict["accuracy"].items()}}))
 register_preset("templates-cpu", templates_cpu, default_for="templates")

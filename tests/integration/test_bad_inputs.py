@@ -11,6 +11,7 @@ import pytest
 
 from analyses.cli import main
 from models.presets import get_preset
+from tests.helpers import folder_bytes
 
 # (preset, key, bad value as typed on the command line, what the message must name)
 BAD_VALUES = [
@@ -190,11 +191,11 @@ def test_a_model_too_large_for_memory_in_config_json_exits_2_naming_the_sizes(tm
     data = json.loads((out / "config.json").read_text())
     data["model"]["d_model"] = 10**12
     (out / "config.json").write_text(json.dumps(data))
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = folder_bytes(out)
     capsys.readouterr()
     for command in (["report", str(out)], ["analyze", str(out), "--samples", "8"]):
         code = main(command)
         err = capsys.readouterr().err
         assert_refused(code, err, "model.d_model=1000000000000")
         assert "memory" in err and str(out / "config.json") in err
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert folder_bytes(out) == before

@@ -1,6 +1,7 @@
-"""report.html of real tiny runs, opened in headless Chromium with networking off: it loads with
-no console error and no request beyond the file itself, every circuitsvis widget renders its
-heads, every figure decodes, and token text that looks like HTML is shown as text, never run.
+"""report.html of real tiny runs, and the page of a tiny sweep, opened in headless Chromium with
+networking off: it loads with no console error and no request beyond the file itself, every
+circuitsvis widget renders its heads, every figure decodes, the sweep page's links lead to its
+runs' reports, and token text that looks like HTML is shown as text, never run.
 
 Chromium is Debian's `chromium` package (`.ci/run` installs it when it can), driven by
 Playwright's Python package (test extra) through `executable_path`; without either the browser
@@ -19,8 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from analyses.sweep import run_sweep
 from interp.analysis import analyze_run
 from interp.run_report import write_run_report
+from interp.sweep_page import write_sweep_page
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.runs import load_run
 from models.train import Trainer
@@ -88,6 +91,17 @@ def composite_report(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("composite") / "run"
     Trainer(tiny_composite_run(steps=12), run_dir, progress=False).fit()
     return write_run_report(load_run(run_dir))
+
+
+@pytest.fixture(scope="module")
+def sweep_page_path(tmp_path_factory) -> Path:
+    """The page of a tiny composite sweep over two init scales, one of whose runs has a report."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("sweep") / "phase"
+    run_sweep(tiny_composite_run(steps=12), {"model.init_gamma": [0.3, 0.5], "train.seed": [0]}, out, workers=1,
+              progress=False)
+    write_run_report(load_run(out / "init_gamma=0.5__seed=0"))
+    return write_sweep_page(out)[1]
 
 
 def open_offline(browser, path: Path):
@@ -159,6 +173,20 @@ def test_composite_report_shows_anchor_tokens_as_text(browser, composite_report)
     assert page.evaluate("document.querySelectorAll('a1, a2, a3, a4').length") == 0
 
 
+def test_sweep_page_renders_offline_and_links_to_its_runs_reports(browser, sweep_page_path):
+    page, errors, requests = open_offline(browser, sweep_page_path)
+    assert errors == [] and requests == [sweep_page_path.as_uri()]
+    shown = figures(page)
+    assert len(shown) == 2  # the grid, the rates per run
+    assert all(f["png"] and f["complete"] and f["width"] > 0 for f in shown)
+    links = page.evaluate("[...document.querySelectorAll('a')].map(a => a.getAttribute('href'))")
+    assert links and set(links) == {"init_gamma=0.5__seed=0/report.html"}  # the one run with a report
+    assert "workbench report init_gamma=0.3__seed=0" in page.inner_text("body")  # the other says how to write it
+    page.locator("a").first.click()
+    page.wait_for_load_state("load")
+    assert page.title() == "interp-workbench run: init_gamma=0.5__seed=0"
+
+
 def test_report_of_every_head_of_a_6_layer_model_stays_under_5_mb(tmp_path):
     """6 layers x 12 heads on 12-variable LEGO sentences (62 tokens), 2 examples: 144 heads."""
     torch.set_num_threads(1)
@@ -173,3 +201,31 @@ def test_report_of_every_head_of_a_6_layer_model_stays_under_5_mb(tmp_path):
     size = page.stat().st_size
     print(f"6-layer, 12-head report: {size / 1e6:.2f} MB")
     assert size < REPORT_SIZE_LIMIT
+
+
+@pytest.fixture(scope="module", params=["lego", "composite"])
+def timeline_report(request, tmp_path_factory) -> Path:
+    """A tiny run of each task with its timeline (`workbench analyze --timeline`), the report rewritten."""
+    from analyses.cli import main
+
+    torch.set_num_threads(1)
+    run_dir = tmp_path_factory.mktemp(f"timeline-{request.param}") / "run"
+    make = tiny_lego_run if request.param == "lego" else tiny_composite_run
+    Trainer(make(steps=20, snapshots=5), run_dir, progress=False).fit()
+    assert main(["analyze", str(run_dir), "--timeline", "--no-progress"]) == 0
+    return run_dir / "report.html"
+
+
+def test_a_timeline_section_renders_offline_with_its_figures_and_when_the_verdict_settled(browser, timeline_report):
+    page, errors, requests = open_offline(browser, timeline_report)
+    assert errors == [] and requests == [timeline_report.as_uri()]
+    section = page.locator("section", has_text="Timeline: the solution through training")
+    assert section.count() == 1
+    text = section.inner_text()
+    assert re.search(r"decided at step \d+", text) and "When each head formed" in text or "No head carries" in text
+    shown = section.evaluate("""s => [...s.querySelectorAll('figure img')].map(img => ({
+        png: img.src.startsWith('data:image/png;base64,'), width: img.naturalWidth, complete: img.complete}))""")
+    assert len(shown) == 3  # evidence, loss with the verdict's changes, heads over snapshots
+    assert all(f["png"] and f["complete"] and f["width"] > 100 for f in shown)
+    section.screenshot(path=str(timeline_report.parent / "timeline.png"))
+    assert (timeline_report.parent / "timeline.png").stat().st_size > 10_000

@@ -8,6 +8,7 @@ import pytest
 from analyses.cli import main
 from models.presets import PRESETS
 from models.runs import read_metrics
+from tests.helpers import folder_bytes
 
 TINY = ["--set", "model.n_layers=2", "--set", "model.planted={}", "--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12",
         "--set", "train.batch_size=16", "--set", "train.eval_every=6", "--set", "train.eval_size=64",
@@ -110,11 +111,11 @@ def test_demo_replaces_only_a_demo_run(tmp_path, capsys):
     lego = tmp_path / "lego"
     assert main(["train", "--preset", "lego-cpu", "--out", str(lego), *TINY]) == 0  # the demo's preset, but not a demo run
     for run in (composite, lego):
-        before = {p.name: p.read_bytes() for p in run.iterdir()}
+        before = folder_bytes(run)
         capsys.readouterr()
         assert main(["demo", "--out", str(run), *TINY]) == 2
         assert "not a demo run" in capsys.readouterr().err
-        assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+        assert folder_bytes(run) == before
     demo = tmp_path / "demo"
     assert main(["demo", "--out", str(demo), *TINY]) == 0
     first = (demo / "model.safetensors").read_bytes()

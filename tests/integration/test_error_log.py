@@ -22,6 +22,15 @@ def _broken(*args, **kwargs):
     raise _Bug("a bug of the workbench's own")
 
 
+def _a_run_folder(tmp_path):
+    """A folder that `workbench report` takes for a run (loading it is what the tests break)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "notes.txt").write_text("the user's")
+    return run
+
+
 @pytest.fixture
 def temp_folder(tmp_path, monkeypatch):
     folder = tmp_path / "tmp"
@@ -31,12 +40,10 @@ def temp_folder(tmp_path, monkeypatch):
 
 
 def test_a_reading_command_logs_in_the_temporary_folder_not_in_the_run(tmp_path, temp_folder, monkeypatch, capsys):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "notes.txt").write_text("the user's")
+    run = _a_run_folder(tmp_path)
     monkeypatch.setattr(models.runs, "load_run", _broken)
     assert main(["report", str(run)]) == 1
-    assert [p.name for p in run.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "notes.txt"]
     logs = list(temp_folder.glob("workbench-error-*.log"))
     assert len(logs) == 1 and "a bug of the workbench's own" in logs[0].read_text()
     assert str(logs[0]) in capsys.readouterr().err
@@ -55,7 +62,6 @@ def test_a_writing_command_logs_in_its_out_folder(tmp_path, temp_folder, monkeyp
 def test_the_handler_never_fails_when_the_log_cannot_be_written(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no such folder"))
     monkeypatch.setattr(models.runs, "load_run", _broken)
-    (tmp_path / "run").mkdir()
-    assert main(["report", str(tmp_path / "run")]) == 1
+    assert main(["report", str(_a_run_folder(tmp_path))]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "could not be saved" in err

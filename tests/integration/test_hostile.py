@@ -84,7 +84,7 @@ READ_ONLY_COMMANDS = {"analyze", "report", "zoo", "benchmark"}
 # issue 43: special files, sizes beyond a kind's limit, numbers beyond a value's, a killed writer's temp files
 SPECIAL_FILES = ["fifo", "devzero", "socket"]
 RUN_FILES_AND_LOCK = [CONFIG, METRICS, WEIGHTS, TRAIN_STATE, LOCK]
-LOCKERS = {"resume", "resume-partial", "analyze", "report"}  # commands that lock the run folder (a finished one too)
+LOCKERS = {"resume", "resume-partial", "analyze", "report", "sweep"}  # commands that lock the run folder (a finished one too)
 DEAD_PID = 4_194_304  # above Linux's largest pid (pid_max <= 2**22): no process has it
 
 
@@ -643,7 +643,7 @@ def test_hostile(row: Row, tmp_path, capsys, monkeypatch, request):
     # nothing the user owned changed
     assert _under(after, "outside", True) == _under(before, "outside", True)
     if row.status == 2 and row.command == "sweep":  # refused cell: only the sweep's own records of it are written
-        records = {"cells.json", "sweep.json", "report.html"}
+        records = {"cells.json", "sweep.json", "sweep_plan.json", "report.html", "sweep_page.json"}
         assert {k: v for k, v in after.items() if Path(k).name not in records} == \
                {k: v for k, v in before.items() if Path(k).name not in records}
     elif row.status == 2:  # refused: nothing written at all

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from analyses.cli import main
 from models.runs import LOCK, METRICS, TRAIN_STATE, WEIGHTS, read_metrics, run_lock
 from models.train import Trainer
-from tests.helpers import tiny_composite_run
+from tests.helpers import folder_bytes, tiny_composite_run
 
 SHORT = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=40", "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20",
          "--set", "train.eval_size=200", "--no-progress"]
@@ -185,10 +185,10 @@ def test_a_damaged_train_state_is_exit_2_naming_it(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
     (out / TRAIN_STATE).write_bytes(b"\x00" * 64)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = folder_bytes(out)
     assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 2
     assert f"{out / TRAIN_STATE} is damaged" in capsys.readouterr().err
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert folder_bytes(out) == before
 
 
 def test_a_crash_before_the_first_checkpoint_leaves_a_folder_that_resumes_from_step_0(tmp_path, monkeypatch):
@@ -302,11 +302,11 @@ def test_a_train_state_that_contradicts_itself_is_exit_2_and_changes_nothing(tmp
     corrupt, named = TRAIN_STATE_DAMAGE[damage]
     corrupt(tensors, meta)
     save_file(tensors, str(out / TRAIN_STATE), metadata=meta)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = folder_bytes(out)
     assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert str(out / TRAIN_STATE) in err and named in err, err
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert folder_bytes(out) == before
 
 
 @pytest.mark.parametrize(("content", "wrong"), [
@@ -323,11 +323,11 @@ def test_report_on_a_damaged_analysis_json_is_exit_2_naming_it(tmp_path, capsys,
     assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
     (out / "analysis.json").write_text(content)
     capsys.readouterr()
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = folder_bytes(out)
     assert main(["report", str(out)]) == 2
     err = capsys.readouterr().err
     assert str(out / "analysis.json") in err and wrong in err, err
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert folder_bytes(out) == before
 
 
 def test_a_writer_whose_folder_another_writers_check_made_or_removed_still_gets_the_lock(tmp_path, monkeypatch):

@@ -43,6 +43,66 @@ def test_a_cluster_address_that_cannot_work_is_exit_2_at_once(tmp_path, capsys, 
     assert time.monotonic() - started < 30  # Ray alone retries such an address for minutes
 
 
+def _sweep_at(tmp_path, address: str) -> int:
+    from analyses.cli import main
+
+    return main(["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0", "--out", str(tmp_path / "s"),
+                 "--backend", "ray", "--address", address, "--no-progress", "--set", "train.steps=2"])
+
+
+def test_address_auto_without_a_cluster_is_exit_2_naming_what_to_do(tmp_path, capsys, monkeypatch):
+    from ray._private.services import find_gcs_addresses
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if find_gcs_addresses():
+        pytest.skip("a Ray cluster runs on this machine, so `auto` finds one")
+    assert _sweep_at(tmp_path, "auto") == 2
+    err = capsys.readouterr().err
+    # no cluster at all, or only the stale address file of a stopped `ray start`
+    assert ("no running Ray cluster found" in err or "nothing answers" in err) and "ray start --head" in err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_an_address_that_is_not_a_ray_server_is_exit_2_within_seconds(tmp_path, capsys, monkeypatch, scheme):
+    """A server that accepts connections but does not speak gRPC (a web server, a database)."""
+    import socket
+    import threading
+    import time
+
+    import analyses.sweep as sweep
+
+    monkeypatch.setattr(sweep, "PROBE_S", 1.0)
+    server = socket.create_server(("127.0.0.1", 0))
+    held = []
+    threading.Thread(target=lambda: held.extend(server.accept() for _ in range(8)), daemon=True).start()
+    started = time.monotonic()
+    try:
+        code = _sweep_at(tmp_path, f"{scheme}127.0.0.1:{server.getsockname()[1]}")
+    finally:
+        server.close()
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a Ray cluster" in err and "Traceback" not in err
+    assert time.monotonic() - started < 10
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_token_at_hand_is_sent_to_the_cluster(tmp_path, monkeypatch):
+    """Ray 2.60 sends no token to an explicit address unless RAY_AUTH_MODE=token; a cluster
+    started where ~/.ray/auth_token exists wants one."""
+    from analyses.sweep import use_ray_token
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    assert not use_ray_token() and "RAY_AUTH_MODE" not in __import__("os").environ  # no token: nothing set
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("secret")
+    assert use_ray_token() and __import__("os").environ["RAY_AUTH_MODE"] == "token"
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the user's own choice stands
+    assert not use_ray_token()
+
+
 @pytest.mark.slow
 def test_a_sweep_runs_on_a_standalone_ray_head(tmp_path):
     """The README's cluster path: a head started by `ray start --head` (a process of its own),

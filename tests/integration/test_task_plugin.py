@@ -1,6 +1,6 @@
 """A task is a plugin: the toy modular-sum task is two files, tasks/modsum.py (data) and
 interp/tasks/modsum.py (analysis, default preset), named nowhere else, and `workbench train`,
-`analyze` and `report` take it like any built-in task."""
+`analyze` and `report` take it like any built-in task, and so does a sweep's page."""
 
 import json
 import os
@@ -28,6 +28,29 @@ def test_a_task_of_its_own_files_trains_analyses_and_reports(tmp_path, capsys):
     page = (out / "report.html").read_text()
     assert f"&quot;name&quot;: &quot;{TOY}&quot;" in page or f'"name": "{TOY}"' in page  # the configuration
     assert "<h2>Verdict</h2>" in page and "Test accuracy on fresh sums" in page  # its own sections
+
+
+def test_a_sweep_of_a_task_without_a_summary_of_its_own_shows_its_headline_metric(tmp_path):
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--preset", f"{TOY}-cpu", "--grid", "train.seed=0,1", "--out", str(out), "--workers", "1",
+                 *TINY]) == 0
+    page = json.loads((out / "sweep_page.json").read_text())
+    assert page["axes"]["x"] is None and len(page["groups"]) == 1  # seeds only: one square
+    square = page["groups"][0]
+    assert (square["label"], square["k"], square["n"]) == ("-", 2, 2) and list(square["rates"]) == ["acc"]
+
+
+def test_a_task_with_no_timeline_code_gets_a_timeline_from_its_verdict(tmp_path, capsys):
+    """`analyze --timeline` reads every number of the toy task's verdict and its `verdict` field."""
+    out = tmp_path / "run"
+    assert main(["train", "--task", TOY, "--out", str(out), "--set", "train.snapshots=4", *TINY]) == 0
+    assert main(["analyze", str(out), "--timeline", "--no-progress"]) == 0
+    timeline = json.loads((out / "timeline.json").read_text())
+    first, last = timeline["points"][0], timeline["points"][-1]
+    assert first["step"] == 0 and last["step"] == 12 and last["reasons"] == ["final weights"]
+    assert set(first["panels"]) == {"evidence"} and set(first["panels"]["evidence"]) == {"accuracy", "chance"}
+    assert first["label"] == "unlearned" and timeline["summary"]["final_label"] == last["label"]
+    assert "Timeline: the solution through training" in (out / "report.html").read_text()
 
 
 def test_an_unknown_task_is_exit_2_naming_the_registered_ones(tmp_path, capsys):

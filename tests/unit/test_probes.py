@@ -134,12 +134,12 @@ def test_every_percolation_line_names_its_resolved_depths_and_none_gives_a_slope
 def test_composite_map_names_its_axes_and_reads_the_key_from_the_embedding():
     model = build_model(tiny_composite_run().model, COMPOSITE)
     result = composite_probe_map(model.eval(), COMPOSITE, n_train=1200, n_test=300, seed=0)
-    assert result.accuracy.shape == (3, 4, 3)
+    assert result.accuracy.shape == (3, 4, 4)
     assert result.site_names == ["key", "anchor1", "anchor2", "last"]
-    assert result.quantity_names == ["key", "intermediate", "target"]
+    assert result.quantity_names == ["key", "intermediate", "intermediate_a2", "target"]
     assert result.at("key", "key")[0] > 0.9  # the embedding at the key's position is the key's token
     assert result.at("last", "key")[0] < 0.1  # ... and at the last position it is a noise token
-    assert len(result.chance) == len(result.majority) == 3
+    assert len(result.chance) == len(result.majority) == 4
     assert json.loads(json.dumps(result.to_dict()))["site_names"][2] == "anchor2"
 
 

@@ -83,3 +83,28 @@ def test_run_cells_refuses_unknown_backends_and_stray_addresses(tmp_path):
         run_cells({}, tmp_path, backend="dask")
     with pytest.raises(ConfigError, match="only applies to --backend ray"):
         run_cells({}, tmp_path, address="ray://head:10001")
+
+
+def test_a_cell_whose_folder_another_process_writes_is_waited_for_then_failed_not_refused(tmp_path, monkeypatch):
+    """A worker of a killed sweep still dying holds its cell's lock for a moment: the cell waits,
+    and if the folder stays busy it is `failed` (a re-run retries it), never `refused` (exit 2)."""
+    import subprocess
+    import sys
+
+    import analyses.sweep as sweep
+
+    monkeypatch.setattr(sweep, "LOCK_GRACE_S", 0.3)
+    cell = tmp_path / "seed=0"
+    cell.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                               "print('held', flush=True); time.sleep(30)", str(cell / ".workbench.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        result = sweep.train_cell("seed=0", tiny_composite_run().to_dict(), str(cell))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (result.status, result.refused) == ("failed", False)
+    assert "being written by another process" in result.error and "re-run the sweep" in result.error

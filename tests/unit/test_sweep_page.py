@@ -1,0 +1,46 @@
+"""How the sweep page lays out a grid (axes, facets, seeds aggregated) and sums up a square's
+runs (majority verdict, k of n, mean rates), on hand-made cells."""
+
+from interp.sweep_cells import Cell
+from interp.sweep_page import choose_axes, grid_figure, group_cells
+
+
+def test_the_two_keys_with_most_values_are_the_axes_and_the_rest_are_facets():
+    grid = {"model.n_layers": [1, 2], "model.init_gamma": [0.3, 0.5, 0.7], "train.lr": [1e-3, 1e-4, 3e-4],
+            "train.seed": [0, 1, 2, 3]}
+    assert choose_axes(grid) == {"x": "model.init_gamma", "y": "train.lr", "facets": ["model.n_layers"],
+                                 "seed": "train.seed"}
+    assert choose_axes({"model.init_gamma": [0.5], "train.seed": [0]}) == \
+        {"x": "model.init_gamma", "y": None, "facets": [], "seed": "train.seed"}
+    assert choose_axes({"train.seed": [0, 1]}) == {"x": None, "y": None, "facets": [], "seed": "train.seed"}
+
+
+def _cell(gamma, seed, status="done", label="inferential", **rates):
+    return Cell(f"init_gamma={gamma}__seed={seed}", {"model.init_gamma": gamma, "train.seed": seed}, status, label,
+                "metrics.jsonl", 10, rates)
+
+
+def test_a_square_holds_its_seeds_majority_verdict_k_of_n_and_mean_rates():
+    grid = {"model.init_gamma": [0.5, 0.9], "train.seed": [0, 1, 2]}
+    cells = [_cell(0.5, 0, label="symmetric", x=0.2), _cell(0.5, 1, label="symmetric", x=0.4),
+             _cell(0.5, 2, label="inferential", x=0.9),
+             _cell(0.9, 0, x=1.0), _cell(0.9, 1, status="pending", label=None), _cell(0.9, 2, status="failed", label=None)]
+    low, high = group_cells(cells, grid, choose_axes(grid))
+    assert (low["label"], low["k"], low["n"], low["rates"]) == ("symmetric", 2, 3, {"x": 0.5})
+    assert (high["label"], high["k"], high["n"], high["statuses"]) == ("inferential", 1, 3,
+                                                                       {"done": 1, "pending": 1, "failed": 1})
+    assert not low["tie"] and not low["provisional"]
+
+
+def test_a_tie_and_a_square_still_training_are_said_so():
+    grid = {"model.init_gamma": [0.5], "train.seed": [0, 1]}
+    (square,) = group_cells([_cell(0.5, 0, label="symmetric"), _cell(0.5, 1, status="running")], grid,
+                            choose_axes(grid))
+    assert square["tie"] and square["provisional"] and square["k"] == 1
+
+
+def test_the_grid_figure_has_one_panel_per_facet_point():
+    grid = {"a.x": [1, 2, 3], "a.y": [1, 2, 3], "a.z": [1, 2], "train.seed": [0]}
+    axes = choose_axes(grid)
+    page = {"grid": grid, "axes": axes, "groups": group_cells([], grid, axes)}
+    assert axes["facets"] == ["a.z"] and len(grid_figure(page).axes) == 2
