@@ -6,6 +6,7 @@ metrics.jsonl), 4 could not write (disk full, permission denied: the message nam
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_CONFIG
     try:
+        _check_name_lengths(args)
         _check_out_link(args)
         return args.run(args)
     except ConfigError as err:
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 (the top level: every failure gets a documented status and a message)
         if args.debug:
             traceback.print_exc()
+        if isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:
+            print(f"workbench {args.command}: configuration error: a name in {err.filename} is longer than the file "
+                  f"system allows ({NAME_MAX} bytes a name); choose shorter names", file=sys.stderr)
+            return EXIT_CONFIG
         if isinstance(err, OSError) and err.errno in (errno.EISDIR, errno.ENOTDIR):
             print(f"workbench {args.command}: configuration error: {err.filename2 or err.filename} is a folder where a file belongs "
                   f"(or the other way round); move it away", file=sys.stderr)
@@ -71,24 +77,44 @@ def _is_write_failure(err: BaseException) -> bool:
 
 
 def _save_traceback(args: argparse.Namespace) -> str:
-    """The traceback of the error being handled, in a log file: in the command's folder where it
-    names one that exists, else in the temporary folder."""
-    folder = next((p for p in (getattr(args, "out", None), getattr(args, "run_dir", None))
-                   if isinstance(p, Path) and p.is_dir() and not p.is_symlink()), None)
+    """Where the traceback of the error being handled was saved: in the --out folder of a command
+    that writes one, where it exists (workbench-error.log), else in the temporary folder
+    (workbench-error-*.log). Never in a folder the command was given to read (`analyze RUN_DIR`,
+    `report RUN_DIR`). Never raises: the handler of an error must not fail in turn."""
     text = f"workbench {' '.join(sys.argv[1:])}\n{traceback.format_exc()}"
-    try:
-        if folder is not None:
+    out = getattr(args, "out", None)
+    with contextlib.suppress(OSError, ValueError):
+        if isinstance(out, Path) and out.is_dir() and not out.is_symlink():
             from models.runs import ERROR_LOG, atomic_write_bytes
 
-            path = folder / ERROR_LOG
-            atomic_write_bytes(path, text.encode())
-            return str(path)
-    except OSError:
-        pass
-    fd, name = tempfile.mkstemp(prefix="workbench-error-", suffix=".log")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return name
+            atomic_write_bytes(out / ERROR_LOG, text.encode())
+            return str(out / ERROR_LOG)
+    try:
+        fd, name = tempfile.mkstemp(prefix="workbench-error-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return name
+    except OSError as err:
+        return f"nowhere (it could not be saved: {err.strerror}; run again with --debug to see it)"
+
+
+NAME_MAX, PATH_MAX = 255, 4095  # bytes in one name, in a whole path (Linux, most file systems)
+
+
+def _check_name_lengths(args: argparse.Namespace) -> None:
+    """A path argument with a name longer than the file system takes is refused up front, naming
+    the option: the file system's own error comes from wherever the name is first used."""
+    for dest, value in vars(args).items():
+        if not isinstance(value, Path):
+            continue
+        option = dest.upper() if dest == "run_dir" else f"--{dest.replace('_', '-')}"
+        long = next((part for part in value.parts if len(os.fsencode(part)) > NAME_MAX), None)
+        if long is not None:
+            raise ConfigError(f"{option}: the name {long[:24]}... is {len(os.fsencode(long))} bytes, longer than the "
+                              f"file system allows ({NAME_MAX} bytes a name); choose a shorter one")
+        if len(os.fsencode(str(value.absolute()))) > PATH_MAX:
+            raise ConfigError(f"{option} {str(value)[:40]}... is longer than the file system allows ({PATH_MAX} bytes "
+                              f"a path); choose a shorter one")
 
 
 def _check_out_link(args: argparse.Namespace) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from tasks import ConfigError
 def check_demo_folder(out: Path) -> None:
     """The demo trains into a new or empty folder, or replaces a run of its own (`_is_demo_run`);
     any other run is refused, never deleted."""
-    from models.runs import DEMO, RUN_FILES, RunFolder
+    from models.runs import DEMO, RUN_FILES, RunFolder, is_own_temp
 
     if not _is_demo_run(out):
         folder = RunFolder(out, named_by="--out")
@@ -24,7 +23,7 @@ def check_demo_folder(out: Path) -> None:
             raise ConfigError(f"--out {out} holds a run that is not a demo run (no {DEMO} recording its config); the demo "
                               f"replaces only its own runs: choose another folder, or delete that run yourself")
         return
-    others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
+    others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not is_own_temp(p.name))
     if others:
         raise ConfigError(f"--out {out} holds files that are not a run's ({', '.join(others[:5])}); choose a new or empty folder")
 
@@ -32,10 +31,10 @@ def check_demo_folder(out: Path) -> None:
 def _is_demo_run(out: Path) -> bool:
     """Whether `out` holds a run the demo wrote: its demo.json records the config that its
     config.json holds (or the demo stopped before writing config.json)."""
-    from models.runs import CONFIG, DEMO, read_config
+    from models.runs import CONFIG, DEMO, read_config, read_json
 
     try:
-        recorded = json.loads((out / DEMO).read_text())
+        recorded = read_json(out / DEMO)
         return not (out / CONFIG).exists() or read_config(out).to_dict() == recorded["config"]
     except (OSError, ValueError, TypeError, KeyError, ConfigError):  # no marker, or a damaged one or config
         return False
@@ -50,11 +49,11 @@ def demo_learned(out: Path, analyze: Callable[[argparse.Namespace], int]) -> Pat
     copy is made under a temporary name and renamed, so an interrupted copy is never taken for one.
     `analyze`: the `workbench analyze` command (analyses.cli's), given its parsed arguments."""
     from analyses.zoo import zoo_path
-    from models.runs import CONFIG
+    from models.runs import CONFIG, read_regular
 
     source, learned = zoo_path(DEMO_LEARNED), out.with_name(f"{out.name}-learned")
     if learned.exists() and (not (learned / CONFIG).is_file()
-                             or (learned / CONFIG).read_bytes() != (source / CONFIG).read_bytes()):
+                             or read_regular(learned / CONFIG) != read_regular(source / CONFIG)):
         print(f"warning: {learned} holds something other than a copy of zoo/{DEMO_LEARNED}; the learned model's "
               "report is not written", file=sys.stderr)
         return None

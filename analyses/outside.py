@@ -97,6 +97,8 @@ def _import_module(spec: str, source: str) -> Any:
                 raise ConfigError(f"--model {spec}: no module named {err.name!r} (install it, run from the folder "
                                   f"that holds it, or give its file: path/to/module.py:FUNCTION)") from None
             raise ConfigError(f"--model {spec}: importing {source} failed ({type(err).__name__}: {err})") from err
+        except SystemExit as err:
+            raise ConfigError(f"--model {spec}: importing {source} called sys.exit({err.code!r})") from err
         except Exception as err:  # noqa: BLE001 (the user's module, not the workbench: any failure is theirs)
             raise ConfigError(f"--model {spec}: importing {source} failed ({type(err).__name__}: {err})") from err
 
@@ -124,6 +126,9 @@ def _user_code(spec: str, doing: str) -> Iterator[None]:
         yield
     except ConfigError:
         raise
+    except SystemExit as err:  # sys.exit() in a factory would end the workbench with the user's status
+        raise ConfigError(f"--model {spec}: {doing} called sys.exit({err.code!r}); a model factory must return "
+                          "a HookedTransformer, not exit") from err
     except Exception as err:  # noqa: BLE001 (the user's code, not the workbench: any failure is theirs)
         raise ConfigError(f"--model {spec}: {doing} failed ({type(err).__name__}: {err}); --debug prints its "
                           "traceback") from err

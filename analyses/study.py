@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from models.runs import atomic_write_bytes
+from models.runs import atomic_write_bytes, read_json
 from tasks import ConfigError
 
 # tiny: seconds, for smoke tests; cpu: < 30 min on 2 cores; gpu: one GPU, <= 10 min per model (by FLOP count);
@@ -129,7 +129,7 @@ class StudyContext:
                    mininterval=1.0 if sys.stderr.isatty() else 30.0)
         for name, cfg in named.items():
             path, config = folder / f"{name}.json", cfg.to_dict()
-            saved = json.loads(path.read_text()) if path.exists() else None
+            saved = read_json(path) if path.exists() else None
             if saved is None or saved.get("config") != config:
                 saved = {"config": config, **train(name, cfg)}
                 atomic_write_bytes(path, json.dumps(saved, indent=1, default=float).encode())

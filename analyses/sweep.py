@@ -44,6 +44,7 @@ from models.runs import (
     RunFolderError,
     atomic_write_bytes,
     read_config,
+    read_json,
     read_metrics,
     run_state,
     same_recipe,
@@ -143,8 +144,8 @@ def run_cells(cells: dict[str, RunConfig], root: str | Path, *, workers: int | N
     if workers < 1:
         raise ConfigError(f"workers={workers} must be >= 1")
     root = Path(root)
+    jobs = {name: (cfg.to_dict(), str(check_cell_folder(root, name))) for name, cfg in cells.items()}
     root.mkdir(parents=True, exist_ok=True)
-    jobs = {name: (cfg.to_dict(), str(root / name)) for name, cfg in cells.items()}
     results: dict[str, CellResult] = {}
     bar = tqdm(total=len(jobs), desc=f"cells of {root.name}", disable=not progress, unit="cell",
                mininterval=1.0 if _is_tty() else 30.0)
@@ -504,9 +505,10 @@ def _update_index(path: Path, entries: dict[str, Any]) -> None:
     folders still exist. It is read just before each write: two sweeps filling one pool at once
     lose an entry only when their writes interleave, and the losing sweep's next write restores it."""
     try:
-        index = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        index = read_json(path)
+    except (FileNotFoundError, RunFolderError):  # none yet, or damaged: the entries of this call are what counts
         index = {}
+    index = index if isinstance(index, dict) else {}
     kept = {name: entry for name, entry in index.items() if name not in entries and (path.parent / name).is_dir()}
     _write_json(path, {**kept, **entries})
 
@@ -526,13 +528,34 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
             raise ConfigError(f"--grid {item!r} is not of the form section.key=v1,v2,...")
         if key in grid:
             raise ConfigError(f"--grid names {key} twice; give all its values in one --grid")
-        grid[key] = [parse_value(v.strip()) for v in raw.split(",")]
+        grid[key] = [parse_value(v.strip(), f"--grid {key}") for v in raw.split(",")]
     return grid
 
 
 def cell_name(assignment: dict[str, Any]) -> str:
-    """A folder name for one grid point: `init_gamma=0.3__seed=0` (the key's last part)."""
-    return "__".join(f"{key.rpartition('.')[2]}={json.dumps(value)}" for key, value in assignment.items())
+    """A folder name for one grid point: `init_gamma=0.3__seed=0` (the key's last part). A value
+    is one name, never a path: "/" (and "\\", and "%" itself) are percent-encoded, so that
+    `train.init_from=../../x` names the folder `init_from="..%2F..%2Fx"` inside the sweep's."""
+    return "__".join(f"{key.rpartition('.')[2]}={_one_name(json.dumps(value))}" for key, value in assignment.items())
+
+
+def _one_name(text: str) -> str:
+    return text.replace("%", "%25").replace("/", "%2F").replace("\\", "%5C")
+
+
+NAME_MAX = 255  # bytes in one file name (Linux, most file systems)
+
+
+def check_cell_folder(root: Path, name: str) -> Path:
+    """`root/name`, once checked to be one folder directly inside `root` with a name the file
+    system takes; ConfigError (exit 2) naming the cell otherwise. Every cell folder is made here."""
+    size = len(os.fsencode(name))
+    if size > NAME_MAX:
+        raise ConfigError(f"cell {name[:40]}... would be a folder name of {size} bytes, more than the file system takes "
+                          f"({NAME_MAX}); use shorter grid values")
+    if name in ("", ".", "..") or Path(name).name != name or os.sep in name or "\0" in name:
+        raise ConfigError(f"cell name {name!r} is not one folder name inside {root}; it would be written elsewhere")
+    return root / name
 
 
 def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -545,8 +568,11 @@ def grid_cells(base: RunConfig, grid: dict[str, list[Any]]) -> dict[str, RunConf
     short = [key.rpartition(".")[2] for key in grid]
     if len(set(short)) < len(short):
         raise ConfigError(f"--grid keys {sorted(grid)} end in the same name; cell folders would collide")
-    return {cell_name(point): base.with_overrides([f"{k}={json.dumps(v)}" for k, v in point.items()])
-            for point in grid_points(grid)}
+    cells = {cell_name(point): base.with_overrides([f"{k}={json.dumps(v)}" for k, v in point.items()])
+             for point in grid_points(grid)}
+    for name in cells:
+        check_cell_folder(Path("."), name)
+    return cells
 
 
 def run_sweep(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, *, preset: str | None = None,

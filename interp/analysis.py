@@ -33,7 +33,16 @@ from interp.circuit import Circuit, find_circuit, head_name
 from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual, spearman
 from interp.paths import PathPatchResult, check_path_patchable, path_patch
 from models.planted import parse_planted
-from models.runs import ANALYSIS, LoadedRun, RunFolderError, atomic_write_bytes, read_json
+from models.runs import (
+    ANALYSIS,
+    LoadedRun,
+    RunFolderError,
+    atomic_write_bytes,
+    non_finite_note,
+    non_finite_weights,
+    read_json,
+)
+from models.safe_files import finite_json, nan_at
 from tasks import Batch, ConfigError, Task, logits_at_labels, seeded_generator
 
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
@@ -273,8 +282,14 @@ def _named_chain(chain: list[str], labels: dict[str, str], planted: set[str]) ->
 
 
 def write_analysis(run: LoadedRun, analysis: RunAnalysis) -> Path:
+    """analysis.json, strict JSON (a browser's JSON.parse reads it): NaN and infinity are written
+    as null, and a "non_finite" entry says how many, where, and why when the weights are the cause."""
     path = run.path / ANALYSIS
-    atomic_write_bytes(path, json.dumps(analysis.to_dict(), indent=1).encode())
+    data, places = finite_json(analysis.to_dict())
+    weights = non_finite_weights(run.model)
+    if places or weights:
+        data["non_finite"] = non_finite_note(places, weights)
+    atomic_write_bytes(path, json.dumps(data, indent=1, allow_nan=False).encode())
     return path
 
 
@@ -293,6 +308,8 @@ def read_analysis(run_dir: Path) -> dict[str, Any] | None:
     problem = _schema_problem(data)
     if problem is None:
         data = upgraded(data)
+        if isinstance(data.get("non_finite"), dict):  # NaN written as null (strict JSON): NaN again, as written
+            data = nan_at(data, data["non_finite"].get("where"))
         problem = _analysis_problem(data)
     if problem:
         raise RunFolderError(f"{path} {problem}; {again}")

@@ -472,11 +472,15 @@ class OutsideAnalysis:
 
     def write_json(self, path: str | Path) -> Path:
         """`to_dict()` as a JSON file (the analysis.json of this analysis)."""
-        from models.runs import atomic_write_bytes
+        from models.runs import atomic_write_bytes, non_finite_note
+        from models.safe_files import finite_json
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, json.dumps(self.to_dict(), indent=1).encode())
+        data, places = finite_json(self.to_dict())  # strict JSON: NaN and infinity as null, and said so
+        if places:
+            data["non_finite"] = non_finite_note(places, [])
+        atomic_write_bytes(path, json.dumps(data, indent=1, allow_nan=False).encode())
         return path
 
     def report(self, title: str = "Your model, your prompts") -> Report:

@@ -11,7 +11,7 @@ from interp.analysis import RunAnalysis, read_analysis, task_analysis
 from interp.analysis_html import analysis_sections
 from interp.attention import attention_patterns
 from interp.report import Report, figure_html, table_html
-from models.runs import ANALYSIS, REPORT, LoadedRun, RunFolderError
+from models.runs import ANALYSIS, REPORT, LoadedRun, RunFolderError, non_finite_note, non_finite_weights
 from tasks import seeded_generator
 
 
@@ -21,7 +21,7 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, ana
     report = Report(f"interp-workbench run: {run.path.name}")
     stored = analysis is None  # read from the folder's analysis.json, which may be hand-edited or damaged
     written = analysis.to_dict() if analysis is not None else read_analysis(run.path)
-    report.add("Summary", _summary_html(run) + _analysed_weights_html(run, written))
+    report.add("Summary", _non_finite_html(run) + _summary_html(run) + _analysed_weights_html(run, written))
     if written:
         try:
             analysis_sections(report, written)
@@ -35,6 +35,14 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, ana
     report.add("Training curves", _curves_html(run))
     report.add("Attention patterns", _attention_html(report, run, n_examples, seed))
     return report
+
+
+def _non_finite_html(run: LoadedRun) -> str:
+    """A warning at the top when the model's weights hold NaN or infinity (its numbers below mean nothing)."""
+    weights = non_finite_weights(run.model)
+    if not weights:
+        return ""
+    return f"<p class='warning'><strong>{html.escape(non_finite_note([], weights)['statement'])}.</strong></p>"
 
 
 def _timeline_section(report: Report, run: LoadedRun) -> None:

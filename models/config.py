@@ -321,19 +321,31 @@ class RunConfig:
                 raise ConfigError(f"--set {assignment!r} is not of the form section.key=value with section in {sorted(data)}")
             if name not in data[section]:
                 raise ConfigError(f"--set {key}: {section} has no field {name!r}; fields: {sorted(data[section])}")
-            data[section][name] = parse_value(raw)
+            data[section][name] = parse_value(raw, f"--set {key}")
         return RunConfig.from_dict(data)
 
 
 _EXAMPLE_KEY = {"task": "name", "model": "n_layers", "train": "steps"}  # a field of each section, for messages
 
 
-def parse_value(raw: str) -> Any:
-    """A command-line value: JSON when it parses (numbers, true, null, lists, objects), else the string."""
+def parse_value(raw: str, where: str = "the value") -> Any:
+    """A command-line value: JSON when it parses (numbers, true, null, lists, objects), else the
+    string. ConfigError naming `where` (e.g. "--set train.steps") for a number too long to parse."""
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
         return raw
+    except ValueError:  # an integer of more than 4,300 digits (Python's limit)
+        raise ConfigError(f"{where}={_short(raw)} is a number of {len(raw):,} characters, too long to be a value; "
+                          f"give a number that fits in 64 bits") from None
+
+
+def _short(text: str) -> str:
+    """A long value abbreviated for a message: its first and last characters."""
+    return text if len(text) <= 24 else f"{text[:10]}...{text[-10:]}"
+
+
+INT_LIMIT = 2**63  # every count and size of the workbench fits in a signed 64-bit integer (torch's int64)
 
 
 def _build(cls: type, values: dict[str, Any], section: str) -> Any:
@@ -355,6 +367,9 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     allowed = typing.get_args(hint) if is_union else (hint,)
     if value is None and type(None) in allowed:
         return None
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= INT_LIMIT:
+        raise ConfigError(f"{where}={_short(str(value))} is too large (a number of {len(str(value))} digits); "
+                          f"values must fit in 64 bits (below 2**63)")
     if float in allowed and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     for kind in allowed:

@@ -31,8 +31,10 @@ from models.safe_files import (
     RunFolderError,
     append_line,
     atomic_write_bytes,
+    is_own_temp,
     locked_here,
     read_json,
+    read_regular,
     read_tensors,
     run_lock,
     save_tensors,
@@ -156,9 +158,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The records of metrics.jsonl. A damaged last line (what a crash in mid-write leaves) is
     dropped with a warning; a damaged earlier line is a RunFolderError naming it."""
     path = Path(run_dir) / METRICS
-    if not path.exists():
+    try:
+        text = read_regular(path).decode(errors="replace")
+    except FileNotFoundError:
         return []
-    lines = [(number, line) for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     records = []
     for index, (number, line) in enumerate(lines):
         try:
@@ -390,12 +394,15 @@ class RunFolder:
     def check_usable(self) -> None:
         """A folder to start a run in must be new, empty, or a run folder with nothing but run
         files (which `check_receives` then refuses and `workbench demo` replaces): never a file,
-        the current folder by an empty name, or a folder holding someone's other files."""
+        the current folder by an empty name, or a folder holding someone's other files. The
+        temporary files of a killed writer (`is_own_temp`) are the run's own: the trainer's lock
+        removes them."""
         out = self.path
         if not self.check_place("the run"):
             return
-        others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES)
-        if others or (any(p.name != LOCK for p in out.iterdir()) and not self.holds_run()):
+        names = [p.name for p in out.iterdir() if not is_own_temp(p.name)]  # a killed writer's temp files: its own
+        others = sorted(name for name in names if name not in RUN_FILES)
+        if others or (any(name != LOCK for name in names) and not self.holds_run()):
             listed = ", ".join(others[:5]) or "run files without a config.json"
             raise ConfigError(f"{self.label} holds files that are not a run's ({listed}); choose a new or empty folder")
 
@@ -484,11 +491,12 @@ class RunFolder:
         save_tensors(self.path / TRAIN_STATE, tensors, meta)
         save_weights(self.path, weights, stamp)
 
-    def resume_point(self, steps: int) -> Checkpoint | None:
+    def resume_point(self, steps: int, eval_every: int | None = None) -> Checkpoint | None:
         """The checkpoint a resume continues from, its fields checked; None for a run that
         stopped before its first checkpoint (a config, no train state), which starts again from
         step 0 with a warning. RunFolderError when the folder holds no run, or its train state is
-        damaged, beyond `steps` (the config's train.steps) or missing the metrics up to it."""
+        damaged, beyond `steps` (the config's train.steps) or missing the metrics up to it (with
+        `eval_every`, the config's: every evaluation's record up to the checkpoint's step)."""
         path = self.path / TRAIN_STATE
         if not path.exists():
             if not self.holds_run():
@@ -503,7 +511,21 @@ class RunFolder:
                                  f"the run's records up to there are lost. Restore the file, or train a new run")
         if step > steps:
             raise RunFolderError(f"{path}: meta.step={step} is beyond train.steps={steps} of {CONFIG}")
+        if eval_every is not None:
+            self._check_records_reach(step, steps, eval_every)
         return checkpoint
+
+    def _check_records_reach(self, step: int, steps: int, eval_every: int) -> None:
+        """RunFolderError unless metrics.jsonl reaches the last evaluation at or before the
+        checkpoint's `step` (every `eval_every` steps, and the last step): a file cut short lost
+        records that resuming cannot recompute, and a resumed run would report success without them."""
+        expected = step if step == steps else step - step % eval_every
+        recorded = [r["step"] for r in self.metrics() if r["step"] <= step and not r.get("diverged")]
+        last = recorded[-1] if recorded else 0
+        if last < expected:
+            raise RunFolderError(f"--resume: {self.metrics_file} ends at step {last}, but the checkpoint "
+                                 f"({TRAIN_STATE}) is at step {step}: the records of the evaluations after step {last} "
+                                 f"are lost (the file was cut). Restore it, or train a new run")
 
     def restore_weights_file(self, checkpoint: Checkpoint) -> None:
         """The weights file must be the checkpoint's, by the hash of its tensors: one that is
@@ -591,6 +613,25 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     load_weights(model, tensors)
     model.eval()
     return LoadedRun(run_dir, cfg, task, model, read_metrics(run_dir), stamp)
+
+
+def non_finite_weights(model: torch.nn.Module) -> list[str]:
+    """The names of the model's parameters that hold NaN or infinity (none for a sane model): such
+    a model computes NaN, and an analysis of it must say so rather than present numbers."""
+    return [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+
+
+def non_finite_note(places: list[list[str | int]], weights: list[str]) -> dict[str, Any]:
+    """What analysis.json says where it replaced NaN or infinite values by null (strict JSON):
+    why where it is known (weights that are not numbers), how many, and every place (its keys and
+    indices; `models.safe_files.nan_at` puts NaN back there for a reader that wants numbers)."""
+    if weights:
+        why = (f"the model's weights hold NaN or infinity ({len(weights)} parameters, e.g. {', '.join(weights[:3])}), "
+               f"so what it computes is not a number: the values below that depend on it are null, and its labels and "
+               f"verdict mean nothing. Retrain the run, or resume it from a checkpoint before the weights broke")
+    else:
+        why = "these values were undefined (NaN or infinity, e.g. a correlation of constant scores) and are null"
+    return {"statement": why, "count": len(places), "where": places, "weights": weights}
 
 
 def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str | Path = "the weights file") -> None:

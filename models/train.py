@@ -465,7 +465,7 @@ class Trainer:
         """Continue from the folder's checkpoint. Its train state is the truth: a weights file that
         is missing, damaged or of another step is rewritten from it. A folder with a config but no
         train state (a crash before the first checkpoint) starts again from step 0."""
-        checkpoint = self.folder.resume_point(self.cfg.train.steps)
+        checkpoint = self.folder.resume_point(self.cfg.train.steps, self.cfg.train.eval_every)
         if checkpoint is None:
             self._begin_at_step_0()
             return

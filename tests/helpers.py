@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+
 from models.config import ModelConfig, RunConfig, TrainConfig
 from tasks import CompositeConfig, LegoConfig
 
@@ -109,3 +112,25 @@ def held_out_rates_by_hand(run, n: int, seed: int = 0) -> tuple[float, float]:
     with torch.no_grad():
         answer = run.model(tokens)[:, -1].argmax(-1)
     return (answer == key - 10).float().mean().item(), (answer == key - 6).float().mean().item()
+
+
+class Hung(BaseException):
+    """Raised by `no_hang` when its block outlives the time given: a BaseException, so that no
+    `except Exception` of the product (the command line's top level) swallows it."""
+
+
+@contextlib.contextmanager
+def no_hang(seconds: int = 20):
+    """Fail, rather than hang the suite, when the block blocks for longer than `seconds` (a FIFO
+    opened for reading waits for a writer for ever). SIGALRM interrupts a blocking system call
+    in the main thread; POSIX only."""
+    def alarm(signum, frame):
+        raise Hung(f"blocked for more than {seconds} s (a read of a special file that never returns?)")
+
+    before = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)

@@ -43,7 +43,7 @@ from interp.tasks.composite import (
 )
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
-from models.runs import LoadedRun, load_run
+from models.runs import LoadedRun, load_run, read_json
 from models.train import fastest_cpu_options
 from tasks import CompositeConfig, CompositeTask, ConfigError, seeded_generator
 
@@ -633,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--complexity reads cells one by one: add --cells (and leave out --mechanism)")
     finished, in_progress = args.sweep_dir / "sweep.json", args.sweep_dir / "cells.json"
     if args.cells and not finished.exists() and in_progress.exists():  # the cells a sweep has finished so far
-        index = {"cells": json.loads(in_progress.read_text())}
+        index = {"cells": read_json(in_progress)}
     elif args.cells and not finished.exists():  # a folder of run folders (e.g. analyses/gpu/composite_paper.sh's)
         index = {"cells": {run.name: {"status": "done"} for run in run_folders(args.sweep_dir)}}
         if not index["cells"]:
@@ -641,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
                   "(config.json with model.safetensors)", file=sys.stderr)
             return 2
     else:
-        index = json.loads(finished.read_text())
+        index = read_json(finished)
     if args.cells and args.mechanism:
         for name, cell in index["cells"].items():
             if cell.get("status") == "done":

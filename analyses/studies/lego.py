@@ -63,7 +63,7 @@ from interp.tasks.lego import (
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.curriculum import LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT, Curriculum, Stage
 from models.presets import get_preset
-from models.runs import CONFIG, MIMIC, load_run, read_config, read_metrics, run_state
+from models.runs import CONFIG, MIMIC, load_run, read_config, read_json, read_metrics, run_state
 from tasks import ConfigError, LegoConfig, make_task, seeded_generator
 
 HARDCODED = {"*.0": "association", "*.1": "manipulation", "*.2": "broadcast"}
@@ -398,7 +398,7 @@ def mimic_study(ctx: StudyContext) -> dict[str, Any]:
     cells = {Cell(kind, seed): variant(ctx.scale, kind, seed) for kind in ("standard", "mimic") for seed in seeds(ctx)}
     train_pool(ctx, cells)
     mimic_files = {cell.name: pool_dir(ctx) / cell.name / MIMIC for cell in cells if cell.kind == "mimic"}
-    extra = {"mimic_pretraining": {name: json.loads(f.read_text()) for name, f in mimic_files.items() if f.exists()}}
+    extra = {"mimic_pretraining": {name: read_json(f) for name, f in mimic_files.items() if f.exists()}}
     return _comparison(ctx, cells, "LEGO: mimicking initialisation (Figure 6)", extra)
 
 

@@ -12,6 +12,13 @@ the command in-process (`main([...])`) and asserts
   target above all), and for the read-only commands (analyze, report, zoo list, benchmark) the
   folder's files other than analysis.json and report.html.
 
+Issue 43 added generated rows for special files (a FIFO, a link to /dev/zero, a socket) in place
+of every run file and the lock, files larger than their kind can hold (sparse), numbers too long
+or too large in config.json and metrics.jsonl, names longer than the file system takes, a killed
+writer's temporary files left beside the run's, and weights that are NaN. Every row runs under a
+SIGALRM guard (`no_hang`), so a command that blocks on a FIFO fails its row instead of hanging the
+suite.
+
 Rows where the product does the wrong thing are kept and marked xfail(strict=True) with what it
 does wrong; they pass (as xfails) until the product is fixed, then fail as XPASS so the mark
 comes off."""
@@ -23,13 +30,17 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
+import stat
 import struct
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import SafetensorError
 
 import analyses.sweep
@@ -50,10 +61,15 @@ from models.runs import (
     REPORT,
     TRAIN_STATE,
     WEIGHTS,
+    WeightsStamp,
     read_config,
+    save_weights,
     verified_weights,
+    weights_digest,
 )
+from models.safe_files import SIZE_LIMITS, is_own_temp
 from models.train import Trainer
+from tests.helpers import no_hang
 
 TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=20", "--set", "train.eval_every=5",
         "--set", "train.checkpoint_every=10", "--set", "train.eval_size=64", "--no-progress"]
@@ -65,6 +81,11 @@ SWEEP_CELL = "seed=0"  # the one cell of `--grid train.seed=0`, the base run's o
 SAFETENSORS_DAMAGE = ["deleted", "truncated", "flip-data", "flip-header", "symlink", "directory"]
 JSON_DAMAGE = ["deleted", "truncated", "bitflip", "symlink", "directory", "dup-key", "deep"]
 READ_ONLY_COMMANDS = {"analyze", "report", "zoo", "benchmark"}
+# issue 43: special files, sizes beyond a kind's limit, numbers beyond a value's, a killed writer's temp files
+SPECIAL_FILES = ["fifo", "devzero", "socket"]
+RUN_FILES_AND_LOCK = [CONFIG, METRICS, WEIGHTS, TRAIN_STATE, LOCK]
+LOCKERS = {"resume", "resume-partial", "analyze", "report", "sweep"}  # commands that lock the run folder (a finished one too)
+DEAD_PID = 4_194_304  # above Linux's largest pid (pid_max <= 2**22): no process has it
 
 
 @dataclass(frozen=True)
@@ -89,6 +110,10 @@ def _expected(command: str, name: str, damage: str) -> tuple[int, tuple[str, ...
     writer = command in ("resume", "resume-partial", "sweep", "curriculum")
     if command == "train":  # a new run into a folder that holds a (damaged) run: refused, naming the folder
         return 2, ("{folder}",)
+    if damage == "temp-left":  # a killed writer's temp file beside the run's: removed by the lock's taker, or ignored
+        return 0, ()
+    if name == LOCK and command not in LOCKERS:
+        return 0, ()  # a reader that takes no lock does not open it for writing, and never blocks on it
     if name == WEIGHTS and damage != "directory" and writer:
         return 0, ("{file}",)  # rewritten from the valid train state, with a warning naming it
     if command == "zoo" and name == WEIGHTS:
@@ -98,6 +123,8 @@ def _expected(command: str, name: str, damage: str) -> tuple[int, tuple[str, ...
     if name == TRAIN_STATE and damage == "deleted":
         # a reader needs no train state (the zoo keeps none); resume restarts from step 0, warning
         return 0, (("{file}",) if writer else ())
+    if name == METRICS and damage == "truncated" and command == "resume":
+        return 2, ("{file}",)  # the records of steps 15 and 20 are lost: resuming the finished run cannot finish it
     if name == METRICS and damage == "truncated":
         return 0, ("{file}",)  # the damaged last line dropped, with a warning naming the file
     if name == METRICS and damage == "deleted" and not writer:
@@ -147,8 +174,30 @@ SPECIAL = [
     Row("report", REPORT, "symlink", 0, ()),  # report.html is written anew, never through the link
 ]
 
+# issue 43's rows, generated: every command against each class of damage
+ALL_COMMANDS = ["train", "resume", "analyze", "report", "sweep", "zoo", "benchmark"]
+PLAN = {command: {name: list(damages) for name, damages in files.items()} for command, files in PLAN.items()}  # own lists
+for command in ALL_COMMANDS:
+    files = PLAN.setdefault(command, {})
+    for name in ([CONFIG, WEIGHTS] if command == "zoo" else RUN_FILES_AND_LOCK):
+        files.setdefault(name, []).extend(["fifo", "devzero"] if command in ("train", "zoo", "benchmark") else SPECIAL_FILES)
+    for name in ([CONFIG, WEIGHTS] if command == "zoo" else [CONFIG, METRICS, WEIGHTS, TRAIN_STATE]):
+        files.setdefault(name, []).append("huge")
+    files.setdefault(CONFIG, []).extend(["long-int", "float-overflow"])
+    if command != "zoo":
+        files.setdefault(METRICS, []).append("long-int")
+    files.setdefault(CONFIG if command == "zoo" else WEIGHTS, []).append("temp-left")
+for name in (f"1/{CONFIG}", f"1/{WEIGHTS}", f"2/{TRAIN_STATE}", f"2/{LOCK}"):
+    PLAN["curriculum"].setdefault(name, []).extend(["fifo", "devzero"])
+PLAN["resume-partial"].update({METRICS: ["fifo", "huge", "temp-left"], TRAIN_STATE: ["flip-rng", "flip-weights", "fifo", "devzero"]})
+for command in ("analyze", "report"):
+    PLAN[command].setdefault(ANALYSIS, []).append("temp-left")
+
 ROWS = [Row(command, PREFIX.get(command, "") + name, damage, *_expected(command, Path(name).name, damage))
         for command, files in PLAN.items() for name, damages in files.items() for damage in damages] + SPECIAL
+ROWS += [Row(command, "", "long-name", 2, ("255 bytes",)) for command in [*ALL_COMMANDS, "curriculum"]]
+ROWS += [Row("train", f".{CONFIG}.{DEAD_PID}.0badf00d.tmp", "temp-only", 0, ()),  # a train killed writing its config
+         Row("analyze", WEIGHTS, "nan", 0, ()), Row("report", WEIGHTS, "nan", 0, ())]
 
 # what the product does wrong, by row id (reproduced on this checkout; see the final report)
 XFAIL: dict[str, str] = {  # row id -> what the product does wrong there (none left)
@@ -257,7 +306,55 @@ def _dup_key(path: Path, text: str) -> str:
 DEEP = '{"a": ' * 10_000 + "1" + "}" * 10_000
 
 
+def _socket_at(path: Path) -> None:
+    """A Unix socket file at `path` (bound from its folder: a socket's path is limited to 108 bytes)."""
+    here = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path.name)
+        server.close()
+    finally:
+        os.chdir(here)
+
+
+def _nan_weights(path: Path) -> None:
+    """Weights that are all NaN, with a header that verifies (a run that diverged without noticing);
+    the train state, which would contradict them, removed."""
+    run = path.parent
+    (run / TRAIN_STATE).unlink()
+    tensors, stamp = verified_weights(run)
+    nan = {name: torch.full_like(t, float("nan")) for name, t in tensors.items()}
+    save_weights(run, nan, WeightsStamp(stamp.step, weights_digest(nan)))
+
+
+def _special_damage(path: Path, kind: str) -> bool:
+    """Issue 43's damages, which need not read the file first; False for another kind."""
+    if kind in ("fifo", "devzero", "socket", "huge"):
+        path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "devzero":
+        path.symlink_to("/dev/zero")
+    elif kind == "socket":
+        _socket_at(path)
+    elif kind == "huge":  # sparse: one byte past what its kind may hold, on no disk space
+        with open(path, "wb") as f:
+            f.truncate(SIZE_LIMITS[path.name] + 1)
+    elif kind == "temp-left":
+        (path.parent / f".{path.name}.{DEAD_PID}.0badf00d.tmp").write_bytes(b"half a file")
+    elif kind == "temp-only":
+        path.write_bytes(b'{"task": {"na')
+    elif kind == "nan":
+        _nan_weights(path)
+    else:
+        return False
+    return True
+
+
 def damage(path: Path, kind: str, outside: Path) -> None:
+    if _special_damage(path, kind):
+        return
     data = path.read_bytes()
     if kind == "deleted":
         path.unlink()
@@ -284,6 +381,14 @@ def damage(path: Path, kind: str, outside: Path) -> None:
         path.mkdir()
     elif kind == "dup-key":
         path.write_text(_dup_key(path, data.decode()))
+    elif kind == "long-int":  # a number of 5,000 digits, past Python's 4,300 (config: train.steps; metrics: line 1)
+        text = data.decode()
+        field = '"steps": ' if path.name == CONFIG else '"step": '
+        start = text.index(field) + len(field)
+        end = start + len(re.match(r"[0-9]+", text[start:]).group())
+        path.write_text(text[:start] + "1" * 5000 + text[end:])
+    elif kind == "float-overflow":  # train.lr as an integer too large for a double
+        path.write_text(re.sub(r'"lr": [^,\n]+', '"lr": 1' + "0" * 400, data.decode(), count=1))
     elif kind == "deep":
         if path.name == METRICS:  # the first line; a damaged last line alone would be dropped
             lines = data.decode().splitlines()
@@ -406,17 +511,24 @@ def fail_safetensors(monkeypatch, target: Path, code: int) -> None:
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
-    """Every entry under `root`, links not followed: ('link', target), ('dir',) or ('file', sha256)."""
+    """Every entry under `root`, links not followed: ('link', target), ('dir',), ('file', sha256),
+    a large (sparse) file by ('file', size, mtime), or a special file by its kind (never opened:
+    a FIFO would block)."""
     seen: dict[str, tuple] = {}
 
     def walk(folder: str) -> None:
         for entry in os.scandir(folder):
             rel = os.path.relpath(entry.path, root)
+            info = entry.stat(follow_symlinks=False)
             if entry.is_symlink():
                 seen[rel] = ("link", os.readlink(entry.path))
             elif entry.is_dir():
                 seen[rel] = ("dir",)
                 walk(entry.path)
+            elif not stat.S_ISREG(info.st_mode):
+                seen[rel] = ("special", stat.S_IFMT(info.st_mode))
+            elif info.st_size > 64 << 20:
+                seen[rel] = ("file", info.st_size, info.st_mtime_ns)
             else:
                 seen[rel] = ("file", hashlib.sha256(Path(entry.path).read_bytes()).hexdigest())
 
@@ -450,7 +562,8 @@ def _setup(row: Row, tmp: Path, request) -> tuple[Path, list[str]]:
         shutil.copytree(request.getfixturevalue("base_run"), root / SWEEP_CELL)
         return root, ["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0", "--out", str(root), "--workers", "1", *TINY]
     root = tmp / "run"
-    if command == "train" and (row.damage.startswith("ENOSPC") or row.file == LOCK or row.damage == "read-only"):
+    if command == "train" and (row.damage.startswith("ENOSPC") or row.file == LOCK and row.damage == "symlink-foreign"
+                               or row.damage in ("read-only", "temp-only")):
         if not row.damage.startswith("ENOSPC"):
             root.mkdir()  # an empty folder (read-only, or holding a foreign lock link); ENOSPC: a new one
     else:
@@ -471,6 +584,8 @@ def test_hostile(row: Row, tmp_path, capsys, monkeypatch, request):
     outside.mkdir()
     (outside / "keep.txt").write_bytes(NOTES)
     root, argv = _setup(row, tmp_path, request)
+    if row.damage == "long-name":  # the folder argument, one name in it longer than the file system takes
+        argv = [arg.replace(str(root), str(root / ("x" * 300))) for arg in argv]
     path = root / row.file if row.file else root
     folder = path if row.damage.startswith("read-only") else path.parent
     capsys.readouterr()
@@ -497,10 +612,12 @@ def test_hostile(row: Row, tmp_path, capsys, monkeypatch, request):
         elif row.damage == "deleted+EACCES-safetensors":
             path.unlink()
             fail_safetensors(monkeypatch, path, errno.EACCES)
+        elif row.damage == "long-name":
+            pass
         else:
             damage(path, row.damage, outside)
         before = snapshot(tmp_path)
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, no_hang(120):
             warnings.simplefilter("always")
             code = main(argv)
     captured = capsys.readouterr()
@@ -534,9 +651,28 @@ def test_hostile(row: Row, tmp_path, capsys, monkeypatch, request):
     else:
         rel = os.path.relpath(root, tmp_path)
         assert _under(after, rel, False) == _under(before, rel, False)  # outside the command's folder
-        if row.command in READ_ONLY_COMMANDS:
-            mine = {ANALYSIS, REPORT}
-            assert {k: v for k, v in _under(after, rel, True).items() if Path(k).name not in mine} == \
-                   {k: v for k, v in _under(before, rel, True).items() if Path(k).name not in mine}
+        if row.command in READ_ONLY_COMMANDS:  # analysis.json, report.html and a dead writer's temp files aside
+            def kept(snap):
+                return {k: v for k, v in _under(snap, rel, True).items()
+                        if Path(k).name not in (ANALYSIS, REPORT) and not is_own_temp(Path(k).name)}
+            assert kept(after) == kept(before)
+    _check_issue_43_row(row, root, path)
+
+
+def _check_issue_43_row(row: Row, root: Path, path: Path) -> None:
+    """What issue 43's rows promise beyond the exit status: a dead writer's temp files gone after
+    a command that locks the folder, a run trained where only one was left, analysis.json strict
+    JSON saying that the weights are NaN, and the report saying it too."""
+    if row.damage == "temp-left" and row.command in LOCKERS:
+        assert not [p.name for p in path.parent.iterdir() if is_own_temp(p.name)]
+    if row.damage == "temp-only":
+        assert not path.exists() and (root / WEIGHTS).is_file()
+    if row.damage == "nan" and row.command == "analyze":
+        def refuse(constant):
+            raise AssertionError(f"analysis.json holds {constant}: not strict JSON")
+        written = json.loads((root / ANALYSIS).read_text(), parse_constant=refuse)
+        assert "weights hold NaN" in written["non_finite"]["statement"]
+    if row.damage == "nan":
+        assert "weights hold NaN" in (root / REPORT).read_text()
     if row.status == 0 and Path(row.file).name == WEIGHTS and row.command not in READ_ONLY_COMMANDS:
         verified_weights(path.parent)  # the repair left weights that are the train state's

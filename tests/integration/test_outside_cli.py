@@ -8,6 +8,7 @@ value, pairs file, --out) exits 2 with a message naming the problem and writes n
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from analyses.cli import main
 from analyses.examples.induction import PAIRS_FILE, pairs_json, pairs_spec
 from models.runs import CONFIG
+from tests.helpers import no_hang
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "outside-models.md"
@@ -32,7 +34,8 @@ def docs_command() -> list[str]:
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = main(argv)
+    with no_hang(120):  # a FIFO read that blocks fails the test instead of hanging the suite
+        code = main(argv)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -84,6 +87,9 @@ def broken():
     raise RuntimeError("the checkpoint is missing")
 def a_dict():
     return {"weights": 1}
+def exits():
+    import sys
+    sys.exit(0)
 """
 GOOD_PAIR = {"clean": "h a b c d e f a", "corrupted": "h d b c a e f a", "answer": "b", "wrong_answer": "e"}
 VOCAB = list("abcdefghij")
@@ -100,12 +106,16 @@ BAD = {
     "no such file": ("missing.py:build", None, r"missing.py does not exist"),
     "a folder": ("{dir}/:build", None, "is a folder, not a file"),
     "no such module": ("no_such_package.models:build", None, "no module named 'no_such_package'"),
-    "no such function": ("factories.py:bulid", None, r"has no 'bulid'; it defines \['a_dict', 'broken', 'build'\]"),
+    "no such function": ("factories.py:bulid", None, r"has no 'bulid'; it defines \['a_dict', 'broken', 'build', 'exits'\]"),
     "not a function": ("factories.py:not_a_function", None, r"not_a_function is not a function \(it is int\)"),
     "factory raises": ("factories.py:broken", None, r"calling broken\(\) failed \(RuntimeError: the checkpoint is missing\)"),
     "not a HookedTransformer": ("factories.py:a_dict", None, r"a_dict\(\) returned builtins.dict, not a transformer_lens "
                                                              "HookedTransformer"),
     "syntax error": ("syntax.py:build", None, r"importing .*syntax.py failed \(SyntaxError"),
+    # issue 43: user code that exits would end the workbench with its own status (0 included)
+    "factory exits": ("factories.py:exits", None, r"calling exits\(\) called sys.exit\(0\); a model factory must return"),
+    "module exits": ("exits.py:build", None, r"importing .*exits.py called sys.exit\(5\)"),
+    "prompts a FIFO": (None, "FIFO", r"--prompts .*pairs.json is a FIFO \(named pipe\), not a regular file"),
     "no pairs file": (None, "MISSING", r"--prompts .*pairs.json does not exist"),
     "bad JSON": (None, "{not json", r"--prompts .*pairs.json is not JSON"),
     "repeated key": (None, '{"pairs": [], "pairs": []}', r"pairs.json repeats the key 'pairs'"),
@@ -136,9 +146,12 @@ def test_bad_inputs_exit_2_naming_the_problem_and_write_nothing(case, tmp_path, 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "factories.py").write_text(FACTORIES)
     (tmp_path / "syntax.py").write_text("def build(:\n")
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(5)\n")
     (tmp_path / "pairs.json").write_text(pairs_text(GOOD_PAIR) if text is None else text)
-    if text == "MISSING":
+    if text in ("MISSING", "FIFO"):
         (tmp_path / "pairs.json").unlink()
+    if text == "FIFO":
+        os.mkfifo(tmp_path / "pairs.json")
     spec = (spec or "factories.py:build").replace("{dir}", str(tmp_path))
     out = tmp_path / "out"
     code, _, err = run(["analyze-model", "--model", spec, "--prompts", "pairs.json", "--out", str(out)], capsys)

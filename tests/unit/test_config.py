@@ -30,7 +30,11 @@ def test_overrides_parse_values_and_keep_types():
      ("model.init_gamma=Infinity", "init_gamma=inf is not a finite"), ("model.init_gamma=NaN", "init_gamma=nan"),
      ("train.lr=NaN", "train.lr=nan"), ("train.lr=Infinity", "train.lr=inf"),
      ("train.weight_decay=NaN", "weight_decay=nan"), ("train.grad_clip=NaN", "grad_clip=nan"),
-     ("model.d_mlp=0", "d_mlp=0 must be >= 1"), ("model.d_head=-4", "d_head=-4 must be >= 1")],
+     ("model.d_mlp=0", "d_mlp=0 must be >= 1"), ("model.d_head=-4", "d_head=-4 must be >= 1"),
+     # numbers too long to parse, or too large for a double or for 64 bits (issue 43)
+     (f"train.steps={'1' * 5000}", "--set train.steps=1111111111...1111111111 is a number of 5,000 characters"),
+     (f"train.lr=1{'0' * 400}", "train.lr=1000000000...0000000000 is too large"),
+     (f"train.steps={2**63}", "train.steps=9223372036854775808 is too large")],
 )
 def test_bad_values_are_rejected_naming_the_value(assignment, message):
     with pytest.raises(ConfigError, match=message):

@@ -2,7 +2,15 @@
 
 import pytest
 
-from analyses.sweep import cell_name, grid_cells, grid_points, parse_grid, run_cells, threads_per_worker
+from analyses.sweep import (
+    cell_name,
+    check_cell_folder,
+    grid_cells,
+    grid_points,
+    parse_grid,
+    run_cells,
+    threads_per_worker,
+)
 from tasks import ConfigError
 from tests.helpers import tiny_composite_run
 
@@ -45,6 +53,21 @@ def test_grid_cells_validate_each_config():
 def test_grid_keys_whose_folder_names_would_collide_are_refused():
     with pytest.raises(ConfigError, match="collide"):
         grid_cells(tiny_composite_run(), {"model.n_ctx": [9], "task.n_ctx": [9]})
+
+
+@pytest.mark.parametrize("value", ["../../x", "/abs/x", "a\\b", "..", "%2F"])
+def test_a_grid_value_names_one_folder_inside_the_sweep(value, tmp_path):
+    name = cell_name({"train.init_from": value})
+    assert "/" not in name and "\\" not in name
+    assert (tmp_path / name).resolve().parent == tmp_path.resolve()
+    assert cell_name({"train.init_from": "a/b"}) != cell_name({"train.init_from": "a%2Fb"})  # one-to-one
+
+
+def test_a_cell_name_too_long_for_the_file_system_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="folder name of 3.. bytes"):
+        grid_cells(tiny_composite_run(), {"train.init_from": ["r" * 300]})
+    with pytest.raises(ConfigError, match="not one folder name"):
+        check_cell_folder(tmp_path, "a/../../b")
 
 
 def test_workers_share_the_cores(monkeypatch):
