@@ -67,7 +67,7 @@ from models.runs import (
     verified_weights,
     weights_digest,
 )
-from models.safe_files import SIZE_LIMITS, is_own_temp
+from models.safe_files import is_own_temp, size_limit
 from models.train import Trainer
 from tests.helpers import no_hang
 
@@ -80,7 +80,8 @@ SWEEP_CELL = "seed=0"  # the one cell of `--grid train.seed=0`, the base run's o
 
 SAFETENSORS_DAMAGE = ["deleted", "truncated", "flip-data", "flip-header", "symlink", "directory"]
 JSON_DAMAGE = ["deleted", "truncated", "bitflip", "symlink", "directory", "dup-key", "deep"]
-READ_ONLY_COMMANDS = {"analyze", "report", "zoo", "benchmark"}
+READ_ONLY_COMMANDS = {"analyze", "timeline", "report", "zoo", "benchmark"}
+SNAPSHOT_INDEX, FIRST_SNAPSHOT = "snapshots/index.json", "snapshots/step-0000000.safetensors"  # the base run keeps both
 # issue 43: special files, sizes beyond a kind's limit, numbers beyond a value's, a killed writer's temp files
 SPECIAL_FILES = ["fifo", "devzero", "socket"]
 RUN_FILES_AND_LOCK = [CONFIG, METRICS, WEIGHTS, TRAIN_STATE, LOCK]
@@ -90,7 +91,7 @@ DEAD_PID = 4_194_304  # above Linux's largest pid (pid_max <= 2**22): no process
 
 @dataclass(frozen=True)
 class Row:
-    command: str  # train | resume | resume-partial | analyze | report | sweep | curriculum | zoo | benchmark
+    command: str  # train | resume | resume-partial | analyze | timeline | report | sweep | curriculum | zoo | benchmark
     file: str  # the damaged path, relative to the command's folder ("" for the folder itself)
     damage: str
     status: int
@@ -196,6 +197,11 @@ for command in ("analyze", "report"):
 ROWS = [Row(command, PREFIX.get(command, "") + name, damage, *_expected(command, Path(name).name, damage))
         for command, files in PLAN.items() for name, damages in files.items() for damage in damages] + SPECIAL
 ROWS += [Row(command, "", "long-name", 2, ("255 bytes",)) for command in [*ALL_COMMANDS, "curriculum"]]
+# issue 40's rows: `analyze --timeline` reads every snapshot through its index, so a damaged index or
+# snapshot is exit 2 naming it and nothing is written; a deleted index is a run without snapshots
+ROWS += [Row("timeline", SNAPSHOT_INDEX, kind, 2, ("{folder}",) if kind == "deleted" else ("{file}",))
+         for kind in [*JSON_DAMAGE, "fifo", "devzero", "huge"]]
+ROWS += [Row("timeline", FIRST_SNAPSHOT, kind, 2, ("{file}",)) for kind in [*SAFETENSORS_DAMAGE, "fifo", "devzero"]]
 ROWS += [Row("train", f".{CONFIG}.{DEAD_PID}.0badf00d.tmp", "temp-only", 0, ()),  # a train killed writing its config
          Row("analyze", WEIGHTS, "nan", 0, ()), Row("report", WEIGHTS, "nan", 0, ())]
 
@@ -300,6 +306,8 @@ def _dup_key(path: Path, text: str) -> str:
         return text.replace('"train": {', '"train": {\n    "steps": 7,', 1)
     if path.name == METRICS:  # the first record's "step" twice
         return text.replace("{", '{"step": 99, ', 1)
+    if path.name == "index.json":  # a snapshot index's "schema" twice
+        return text.replace("{", '{\n "schema": 7,', 1)
     return text.replace("{", '{\n "task": "lego",', 1)
 
 
@@ -340,7 +348,7 @@ def _special_damage(path: Path, kind: str) -> bool:
         _socket_at(path)
     elif kind == "huge":  # sparse: one byte past what its kind may hold, on no disk space
         with open(path, "wb") as f:
-            f.truncate(SIZE_LIMITS[path.name] + 1)
+            f.truncate(size_limit(path) + 1)
     elif kind == "temp-left":
         (path.parent / f".{path.name}.{DEAD_PID}.0badf00d.tmp").write_bytes(b"half a file")
     elif kind == "temp-only":
@@ -573,6 +581,7 @@ def _setup(row: Row, tmp: Path, request) -> tuple[Path, list[str]]:
         "resume": ["train", "--out", str(root), "--resume", "--no-progress"],
         "resume-partial": ["train", "--out", str(root), "--resume", "--no-progress"],
         "analyze": ["analyze", str(root), "--samples", "8"],
+        "timeline": ["analyze", str(root), "--timeline", "--samples", "8", "--no-progress"],
         "report": ["report", str(root)],
         "benchmark": ["benchmark", "--patching", str(root), "--quick"],
     }[command]
