@@ -366,8 +366,9 @@ def damage(path: Path, kind: str, outside: Path) -> None:
     data = path.read_bytes()
     if kind == "deleted":
         path.unlink()
-    elif kind == "truncated":
-        path.write_bytes(data[: len(data) // 2])
+    elif kind == "truncated":  # half of it; never right after a newline, which would leave whole lines only
+        cut = len(data) // 2
+        path.write_bytes(data[: cut + 1 if data[cut - 1 : cut] == b"\n" else cut])
     elif kind == "flip-data":  # a byte of the last tensor, near the end of the file
         _flip_tensor(path, lambda t: max(t, key=lambda k: t[k]["data_offsets"][1]))
     elif kind == "flip-weights":  # a byte of a model.* tensor of a train state
