@@ -112,3 +112,23 @@ def test_lego8_script_fails_when_a_run_fails(tmp_path):
     assert done.returncode == 1
     assert "a run failed" in done.stdout
     assert "lego-three-hopz" in (tmp_path / "typo.log").read_text()
+
+
+@pytest.mark.slow
+def test_timelines_script_trains_every_run_with_snapshots_and_writes_each_timeline(tmp_path):
+    """analyses/gpu/timelines.sh on the CPU with tiny models (about 5 minutes on 2 cores): every
+    run it trains ends with snapshots and a timeline.json (the paper-scale run too, from its last
+    checkpoint), the LEGO curricula's first two stages included."""
+    extra = ("--set model.d_model=32 --set model.d_head=16 --set model.d_mlp=64 --set train.steps=12 "
+             "--set train.eval_every=6 --set train.checkpoint_every=6 --set train.eval_size=400 "
+             "--set train.batch_size=16 --set train.n_train=64 --set train.warmup_steps=2 --set train.compile=false")
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "EXTRA": extra, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["bash", str(ROOT / "analyses/gpu/timelines.sh"), str(tmp_path), "500", "150"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    runs = ["paper-fp32", "shortcut", *[f"matched/init_gamma={g}__seed={s}" for g in (0.5, 0.9) for s in (0, 1)],
+            *[f"lego-{kind}/{stage}" for kind in ("bert", "albert") for stage in ("1-one-hop", "2-three-hops-n6")]]
+    missing = [run for run in runs if not (tmp_path / run / "timeline.json").is_file()]
+    assert not missing, done.stdout
+    timeline = json.loads((tmp_path / "matched/init_gamma=0.9__seed=0/timeline.json").read_text())
+    assert timeline["points"][0]["step"] == 0 and timeline["task"] == "composite"
