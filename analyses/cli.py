@@ -387,7 +387,8 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from analyses.demo import check_demo_folder, demo_learned
-    from models.runs import DEMO, LOCK, RUN_FILES, SNAPSHOTS, atomic_write_bytes, remove_snapshots, run_lock
+    from models.runs import DEMO, LOCK, RUN_FILES, atomic_write_bytes, run_lock
+    from models.snapshots import SNAPSHOTS, remove_snapshots
 
     cfg = _resolve_config(args, "lego-cpu", "lego")
     started = time.perf_counter()

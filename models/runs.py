@@ -40,7 +40,7 @@ from models.safe_files import (
     save_tensors,
     writer_pid,
 )
-from models.snapshots import SNAPSHOTS
+from models.snapshots import SNAPSHOTS, remove_snapshots
 from tasks import ConfigError, Task, make_task
 
 CONFIG, WEIGHTS, TRAIN_STATE, METRICS = "config.json", "model.safetensors", "train_state.safetensors", "metrics.jsonl"
@@ -546,19 +546,6 @@ class RunFolder:
         remove_snapshots(self.path)
         with contextlib.suppress(OSError):
             self.path.rmdir()
-
-
-def remove_snapshots(run_dir: Path) -> None:
-    """The run's snapshots folder, where it is a real folder (never through a link), with the files
-    this workbench writes there only; a folder holding anything else is left."""
-    folder = Path(run_dir) / SNAPSHOTS
-    if not folder.is_dir() or folder.is_symlink():
-        return
-    for path in folder.iterdir():
-        if path.name == "index.json" or (path.name.startswith("step-") and path.suffix == ".safetensors"):
-            path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        folder.rmdir()
 
 
 def out_of_memory(err: BaseException) -> bool:

@@ -243,14 +243,29 @@ class SnapshotKeeper:
         return folder
 
     def _clear_files(self, keep: set[str]) -> None:
-        """Remove snapshot files not in `keep` (the project's own names only)."""
-        folder = self.dir / SNAPSHOTS
-        if not folder.is_dir() or folder.is_symlink():
-            return
-        for path in folder.iterdir():
-            if _FILE.fullmatch(path.name) and path.name not in keep:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+        _remove_snapshot_files(self.dir / SNAPSHOTS, keep)
+
+
+def _remove_snapshot_files(folder: Path, keep: set[str]) -> bool:
+    """Remove the snapshot files in `folder` not in `keep` (the project's own names only, never
+    through a link); whether `folder` is a real folder."""
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    for path in folder.iterdir():
+        if _FILE.fullmatch(path.name) and path.name not in keep:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    return True
+
+
+def remove_snapshots(run_dir: str | Path) -> None:
+    """The run's snapshots: its files, its index and the folder, where the folder holds nothing
+    else (a folder holding someone's other files is left)."""
+    folder = Path(run_dir) / SNAPSHOTS
+    if _remove_snapshot_files(folder, keep=set()):
+        (folder / INDEX).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _clone(weights: dict[str, Tensor]) -> dict[str, Tensor]:
