@@ -246,6 +246,8 @@ def _parser() -> argparse.ArgumentParser:
     zoo.add_argument("names", nargs="*", help="entries to build (default with build: every entry)")
     zoo.add_argument("--dir", type=Path, default=None, help="zoo folder (default: the repository's zoo/)")
     zoo.add_argument("--no-progress", action="store_true")
+    zoo.add_argument("--device", default=None,
+                     help="train there (e.g. cuda): weights close to, not bit-equal to, a CPU build (default: CPU)")
     zoo.set_defaults(run=_cmd_zoo)
 
     bench = sub.add_parser("benchmark", help="task generation rate, training throughput and FLOP/s vs a matmul peak")
@@ -629,7 +631,7 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
     for name in names:
         started = time.perf_counter()
         print(f"zoo: building {name} ({zoo_entry(name).about})")
-        print(f"zoo: {build(name, zoo_dir, progress=not args.no_progress)} in {time.perf_counter() - started:.0f} s")
+        print(f"zoo: {build(name, zoo_dir, progress=not args.no_progress, device=args.device)} in {time.perf_counter() - started:.0f} s")
     return 0
 
 

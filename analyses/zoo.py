@@ -24,11 +24,24 @@ import torch
 from models.config import RunConfig
 from models.curriculum import get_curriculum, train_curriculum
 from models.presets import get_preset
-from models.runs import CONFIG, INIT, METRICS, MIMIC, WEIGHTS, RunFolderError, read_config, verified_weights
+from models.runs import (
+    CONFIG,
+    INIT,
+    METRICS,
+    MIMIC,
+    WEIGHTS,
+    RunFolderError,
+    WeightsStamp,
+    read_config,
+    save_weights,
+    verified_weights,
+    weights_digest,
+)
 from tasks import ConfigError
 
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 KEPT_FILES = (CONFIG, WEIGHTS, METRICS, MIMIC, INIT)
+MAX_WEIGHT_BYTES = 2_000_000  # a committed weights file; larger fp32 weights are kept in float16 (`_fit_weights`)
 
 
 STAGES_DIR = Path("runs/zoo-stages")  # a curriculum entry's earlier stages (not committed), under the repository
@@ -60,8 +73,10 @@ class ZooEntry:
         return f"workbench zoo build {self.name}"
 
     def recipe(self, cfg: RunConfig) -> dict:
-        """What `status` compares: the config, without train.init_from for a curriculum's stage."""
+        """What `status` compares: the config, without train.device (where it was built) and, for
+        a curriculum's stage, train.init_from."""
         data = cfg.to_dict()
+        data["train"] = {**data["train"], "device": None}
         if self.curriculum is not None:
             data["train"] = {**data["train"], "init_from": None}
         return data
@@ -114,6 +129,20 @@ ENTRIES = [
              "n = 8 with eight letters (seed 1; the last stage of the cpu-scale lego-extrapolation study's "
              "albert-s1, compiled bf16, so a rebuild is close to, not bit-equal to, these weights)",
              curriculum="lego-three-hops-albert"),
+    *(ZooEntry(f"lego12-{arch}-s{seed}", "lego-cpu", ("model.n_layers=12", "train.precision=fp32", f"train.seed={seed}"),
+               f"{'ALBERT (one block shared by all 12 layers)' if arch == 'albert' else 'BERT'}, 12 layers for 12 "
+               f"variables, #0-#5 supervised (the LEGO paper's shape at d_model 64), seed {seed}: nothing planted or "
+               f"mimicked; the {curriculum} curriculum's four stages, each warm-started from the one before. Trained "
+               f"on a GPU (`bash analyses/gpu/zoo.sh`: the four side by side took 12 minutes on one H100; a CPU build takes hours); "
+               f"kept in float16 where fp32 would pass 2 MB",
+               curriculum=curriculum)
+      for arch, curriculum in (("bert", "lego-n12"), ("albert", "lego-n12-albert")) for seed in (0, 1)),
+    *(ZooEntry(f"composite-matched-{kind}", "composite-matched",
+               (f"model.init_gamma={gamma}", "train.seed=1", "train.compile=true"),
+               f"2 layers under the matched protocol (the composite-matched preset, compiled fp32, seed 1), gamma "
+               f"{gamma}, trained to the stop rule: the {kind} corner of the pair that finding 2 compares "
+               f"(analyses/RESULTS.md, \"Findings 2-4 on one protocol's pair\")")
+      for kind, gamma in (("inferential", 0.9), ("symmetric", 0.5))),
     ZooEntry("composite-symmetric", "composite-cpu", ("train.steps=600", "model.init_gamma=0.5"),
              "2 layers, gamma 0.5: answers held-out pairs symmetrically (cpu phase diagram)"),
     ZooEntry("composite-inferential", "composite-cpu", ("train.steps=600", "model.init_gamma=0.7"),
@@ -132,13 +161,16 @@ def zoo_path(name: str, zoo_dir: Path = ZOO_DIR) -> Path:
     return zoo_dir / zoo_entry(name).name
 
 
-def build(name: str, zoo_dir: Path = ZOO_DIR, progress: bool = True) -> Path:
+def build(name: str, zoo_dir: Path = ZOO_DIR, progress: bool = True, device: str | None = None) -> Path:
     """Train the entry on one thread in a scratch folder, then replace `zoo_dir/name` with its
     kept files. An entry warm-started from another (`train.init_from=zoo/NAME`, a curriculum)
-    reads that folder relative to the repository root, whatever the current folder."""
+    reads that folder relative to the repository root, whatever the current folder. `device`
+    (e.g. "cuda") trains it there: the weights are then close to, not bit-equal to, a CPU build.
+    Weights over MAX_WEIGHT_BYTES in fp32 are kept in float16 (`_fit_weights`)."""
     from models.train import Trainer
 
     entry, threads, cwd = zoo_entry(name), torch.get_num_threads(), Path.cwd()
+    overrides = (*entry.overrides, f'train.device="{device}"') if device else entry.overrides
     target = (zoo_dir / entry.name).resolve()
     torch.set_num_threads(1)
     os.chdir(ZOO_DIR.parent)
@@ -146,19 +178,32 @@ def build(name: str, zoo_dir: Path = ZOO_DIR, progress: bool = True) -> Path:
         with tempfile.TemporaryDirectory() as scratch:
             if entry.curriculum is None:
                 run_dir = Path(scratch) / entry.name
-                Trainer(entry.config(), run_dir, progress=progress).fit()
+                cfg = get_preset(entry.preset).with_overrides(list(overrides))
+                Trainer(cfg, run_dir, progress=progress).fit()
             else:  # the stages in runs/zoo-stages/NAME (resumable), the last one kept
                 run_dir = train_curriculum(get_curriculum(entry.curriculum), STAGES_DIR / entry.name,
-                                           entry.overrides, progress=progress)[-1].folder
+                                           overrides, progress=progress)[-1].folder
             shutil.rmtree(target, ignore_errors=True)
             target.mkdir(parents=True)
             for file in KEPT_FILES:
                 if (run_dir / file).exists():
                     shutil.copy2(run_dir / file, target / file)
+            _fit_weights(target)
     finally:
         torch.set_num_threads(threads)
         os.chdir(cwd)
     return target
+
+
+def _fit_weights(folder: Path) -> None:
+    """Keep a weights file over MAX_WEIGHT_BYTES in float16, with its own digest, so that every
+    committed entry stays small; what the model computes then differs from the fp32 weights by
+    float16 rounding (a 12-layer LEGO BERT: 2.4 MB in fp32). Loading casts back to fp32."""
+    if (folder / WEIGHTS).stat().st_size <= MAX_WEIGHT_BYTES:
+        return
+    tensors, stamp = verified_weights(folder)
+    half = {k: v.half() if v.is_floating_point() else v for k, v in tensors.items()}
+    save_weights(folder, half, WeightsStamp(stamp.step, weights_digest(half)))
 
 
 def status(name: str, zoo_dir: Path = ZOO_DIR) -> str:
