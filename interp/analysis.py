@@ -30,6 +30,7 @@ from transformer_lens import HookedTransformer
 from interp.atp import Judged, judge_estimates
 from interp.attention import HeadScores, classify_heads
 from interp.circuit import Circuit, find_circuit, head_name
+from interp.head_evidence import HeadEvidence, PairSet, ShareProbe, head_evidence
 from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual, spearman
 from interp.paths import PathPatchResult, check_path_patchable, path_patch
 from models.planted import parse_planted
@@ -46,7 +47,7 @@ from models.safe_files import finite_json, nan_at
 from tasks import Batch, ConfigError, Task, logits_at_labels, seeded_generator
 
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
-SCHEMA = 2  # the version of analysis.json written, as "schema"; a file without one is version 1 (UPGRADES)
+SCHEMA = 3  # the version of analysis.json written, as "schema"; a file without one is version 1 (UPGRADES)
 
 
 @dataclass
@@ -118,10 +119,12 @@ class RunAnalysis:
     verdict: Verdict  # the task's, with what the circuit graph adds
     seconds: float
     weights: dict[str, Any] | None = None  # the step and sha256 of the weights analysed (models.runs.WeightsStamp)
+    evidence: HeadEvidence | None = None  # each label joined with the head's patching share (interp.head_evidence)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "run": self.run, "task": self.task,
-                "heads": {**self.heads.to_dict(), "planted": dict(self.planted)}, "patching": self.patching.to_dict(),
+        heads = {**self.heads.to_dict(), "planted": dict(self.planted),
+                 "evidence": None if self.evidence is None else self.evidence.to_dict()}
+        return {"schema": SCHEMA, "run": self.run, "task": self.task, "heads": heads, "patching": self.patching.to_dict(),
                 "probes": None if self.probes is None else self.probes.to_dict(), "verdict": self.verdict.to_dict(),
                 "seconds": self.seconds, "weights": None if self.weights is None else dict(self.weights)}
 
@@ -146,7 +149,9 @@ class TaskAnalysis:
       record lacks what it reads: a run's verdict without an analysis, for the sweep page (default:
       the task's headline metric and the label "-"; interp/sweep_cells.py);
     verdict_rates(verdict dict) -> name -> value: the few rates that decide the verdict, named as
-      `summary` names them (default: the first panel of `timeline_panels`)."""
+      `summary` names them (default: the first panel of `timeline_panels`);
+    share_probe(run, seed) -> the pair sets a head's causal share is measured on, beside its label
+      (interp.head_evidence; default: the counterfactual pairs of the patching section)."""
 
     findings: Callable[[LoadedRun, int], tuple[Probes | None, Verdict]]
     headline: Callable[[Verdict], str]
@@ -160,6 +165,7 @@ class TaskAnalysis:
     timeline_panels: Callable[[dict[str, Any]], dict[str, dict[str, float]]] | None = None
     summary: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
     verdict_rates: Callable[[dict[str, Any]], dict[str, float]] | None = None
+    share_probe: Callable[[LoadedRun, int], ShareProbe] | None = None
 
 
 TASK_ANALYSES: dict[str, TaskAnalysis] = {}  # task name -> its analysis, filled by the modules of interp/tasks/
@@ -257,11 +263,23 @@ def analyze_run(
     heads = classify_heads(run.model, run.task, tokens)
     planted = dict(run.config.model.planted)  # hardcoded heads, not learned
     patching = patching_analysis(run, seed=seed)
+    if steps.share_probe is not None:
+        evidence = head_evidence(run.model, heads, steps.share_probe(run, seed), task=run.task)
+    else:  # the patching section's own pairs, whose per-head sweep is already measured
+        evidence = head_evidence(run.model, heads, default_share_probe(run, seed), patching.heads.values, run.task)
     probes, verdict = steps.findings(run, seed)
     if steps.circuit_findings is not None:
         verdict = steps.circuit_findings(verdict, patching.circuit, _head_labels(heads), _planted_names(planted, heads))
     return RunAnalysis(str(run.path), run.config.task.name, heads, planted, patching, probes, verdict,
-                       round(time.perf_counter() - started, 2), None if run.weights is None else run.weights.to_dict())
+                       round(time.perf_counter() - started, 2), None if run.weights is None else run.weights.to_dict(),
+                       evidence)
+
+
+def default_share_probe(run: LoadedRun, seed: int = 0, n_pairs: int = 64) -> ShareProbe:
+    """The pairs of `patching_analysis` (same n and seed) as the one set a head's share is read on."""
+    clean, corrupted, slot, description = counterfactual_pairs(run.task, n_pairs, seed, run.model)
+    return ShareProbe([PairSet(clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, label_index=slot))],
+                      description)
 
 
 def _head_labels(heads: HeadScores) -> dict[str, str]:
@@ -364,7 +382,15 @@ def _upgrade_from_1(data: dict[str, Any]) -> dict[str, Any]:
     return {"schema": 2, **data}
 
 
-UPGRADES = {1: _upgrade_from_1}  # version -> its upgrade to the next
+def _upgrade_from_2(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2 -> 3: heads gained "where" (what a depth or gathering head reads) and "evidence"
+    (each label's patching share, interp.head_evidence): not recorded."""
+    for keys in (("heads", "where"), ("heads", "evidence")):
+        _fill(data, keys, None)
+    return {**data, "schema": 3}
+
+
+UPGRADES = {1: _upgrade_from_1, 2: _upgrade_from_2}  # version -> its upgrade to the next
 
 
 def _fill(data: dict[str, Any], keys: tuple[str, ...], value: Any) -> None:

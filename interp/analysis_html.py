@@ -9,6 +9,7 @@ from typing import Any
 from interp import plots
 from interp.analysis import task_analysis
 from interp.circuit import circuit_svg
+from interp.head_evidence import evidence_html
 from interp.report import Report, figure_html, table_html
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
@@ -35,7 +36,8 @@ def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
     note = f"<p>Planted (hardcoded, not learned) heads: {html.escape(listed)}.</p>" if planted else ""
     report.add("Attention heads", note + figure_html(plots.head_score_heatmaps(heads["scores"], heads["labels"]),
                "Score per kind (0 = uniform attention, 1 = all mass on the kind's targets); * marks each head's label.")
-               + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]]))
+               + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]])
+               + evidence_html(heads))
     patching = analysis["patching"]
     report.add("Activation patching", _patching_html(patching))
     paths = patching["paths"]  # None: an analysis written before path patching

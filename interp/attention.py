@@ -15,6 +15,17 @@ so 0 is what uniform attention gives and 1 puts all mass on the targets. The kin
   self          to the query's own position
   broadcast     to BOS/EOS-like positions (position 0 for tasks without them)
   manipulation  to the other positions of the query's own clause (the task's segments)
+  depth         to the whole segment at one fixed depth of the task's order, from every position
+                outside it (LEGO: the clause of chain depth k, e.g. "#2's clause"), for tasks with
+                the optional `segment_depth(tokens)`; elsewhere 0. Its depth is kept (`HeadScores.where`)
+  gathering     to one role's position in *every* segment (LEGO: every clause's group element, or
+                every clause's right-hand variable): the mass on those positions relative to
+                uniform, times their coverage (the fraction of them that get at least half of an
+                even share of that mass), so a head that reads one clause (association, parent)
+                scores low. Keys holding the query's own token are not targets: same-token
+                attention (every `=` reading every `=`) is association's. Its role, the key role
+                scored highest, is kept (`HeadScores.where`). Only where roles recur (see below);
+                elsewhere 0.
 
 For the three kinds of a hop (HOP_KINDS: association, parent, manipulation), queries are
 grouped by their *role*, their offset inside their segment (LEGO: left-hand
@@ -50,7 +61,7 @@ from transformer_lens import HookedTransformer
 
 from tasks import Task
 
-HEAD_KINDS = ("association", "parent", "previous", "self", "broadcast", "manipulation")
+HEAD_KINDS = ("association", "parent", "previous", "self", "broadcast", "manipulation", "depth", "gathering")
 HOP_KINDS = ("association", "parent", "manipulation")  # the steps of a LEGO hop: find the parent, combine
 MIN_ROLE_QUERIES = 16
 NEAR_BEST = 0.05
@@ -61,10 +72,11 @@ CALIBRATED_ON = {"parent": "association"}  # the planted kind whose heads set th
 # initialised head (association 0.007, parent 0.008, previous 0.008, self 0.008, broadcast 0.039,
 # manipulation 0.038) and the lowest score of a planted head of that kind (0.484, 0.407, 1.0, 1.0,
 # 0.968, 0.771; a planted association head splits its mass between the other occurrence and
-# itself, hence 0.48).
+# itself, hence 0.48). Depth and gathering (issue 41): random 0.031 and 0.170; hand-set patterns
+# (`depth_pattern`, `gathering_pattern`) 1.0 and 1.0.
 # tests/unit/test_attention.py re-checks.
 DEFAULT_THRESHOLDS = {"association": 0.25, "parent": 0.21, "previous": 0.5, "self": 0.5, "broadcast": 0.5,
-                      "manipulation": 0.4}
+                      "manipulation": 0.4, "depth": 0.52, "gathering": 0.58}
 
 
 @torch.no_grad()
@@ -182,6 +194,8 @@ class HeadScores:
     labels: list[list[str]]
     thresholds: dict[str, float]
     kinds: tuple[str, ...] = HEAD_KINDS
+    # per head, what a depth head reads (its depth) or a gathering head (the segment offset, its role); else None
+    where: list[list[int | None]] | None = None
 
     def score(self, kind: str) -> Float[Tensor, "layer head_index"]:
         return self.scores[self.kinds.index(kind)]
@@ -191,7 +205,7 @@ class HeadScores:
 
     def to_dict(self) -> dict[str, object]:
         return {"kinds": list(self.kinds), "scores": {k: self.score(k).round(decimals=4).tolist() for k in self.kinds},
-                "labels": self.labels, "thresholds": self.thresholds}
+                "labels": self.labels, "thresholds": self.thresholds, "where": self.where}
 
 
 def score_heads(
@@ -204,9 +218,95 @@ def score_heads(
     n_keys = allowed_keys(tokens, task).sum(-1)
     masks = target_masks(tokens, task)
     roles = segment_roles(tokens, task)
-    scores = torch.stack([relative_mass(patterns, *masks[kind], n_keys) if not (by_role and kind in HOP_KINDS)
+    gathering, gathered = gathering_scores(patterns, tokens, task)
+    depth, depths = depth_scores(patterns, tokens, task)
+    scores = torch.stack([gathering if kind == "gathering" else depth if kind == "depth"
+                          else relative_mass(patterns, *masks[kind], n_keys) if not (by_role and kind in HOP_KINDS)
                           else best_role_mass(patterns, *masks[kind], n_keys, roles) for kind in HEAD_KINDS])
-    return HeadScores(scores, label_heads(scores, thresholds), dict(thresholds))
+    labels = label_heads(scores, thresholds)
+    read = {"gathering": gathered, "depth": depths}
+    where = [[int(read[label][layer, head]) if label in read else None for head, label in enumerate(row)]
+             for layer, row in enumerate(labels)]
+    return HeadScores(scores, labels, dict(thresholds), where=where)
+
+
+def depth_scores(
+    patterns: Float[Tensor, "layer batch head_index query_pos key_pos"], tokens: Int[Tensor, "batch pos"], task: Task,
+) -> tuple[Float[Tensor, "layer head_index"], Int[Tensor, "layer head_index"]]:
+    """Per head, the depth score of its best (query role, depth k) and that k: the mean over the
+    role's queries outside the depth-k segment of (mass on that segment - uniform) / (1 - uniform).
+    Zeros for a task without `segment_depth`."""
+    shape = patterns.shape[0], patterns.shape[2]
+    if not hasattr(task, "segment_depth"):
+        return torch.zeros(shape), torch.zeros(shape, dtype=torch.long)
+    depth, roles = task.segment_depth(tokens), segment_roles(tokens, task)
+    allowed = allowed_keys(tokens, task)
+    n_keys = allowed.sum(-1).clamp(min=1)
+    best, best_depth = torch.zeros(shape), torch.zeros(shape, dtype=torch.long)
+    for k in depth[depth >= 0].unique().tolist():
+        queries = (~task.padding_mask(tokens)) & (depth != k)
+        targets = (depth == k).unsqueeze(1) & allowed & queries.unsqueeze(2)
+        counted = queries & targets.any(-1)
+        value = best_role_mass(patterns, targets, counted, n_keys, roles).cpu()
+        better = value > best
+        best, best_depth = torch.where(better, value, best), torch.where(better, k, best_depth)
+    return best, best_depth
+
+
+def depth_pattern(tokens: Int[Tensor, "batch pos"], task: Task, k: int) -> Float[Tensor, "batch query_pos key_pos"]:
+    """A hand-set depth head: every query attends evenly to the segment at depth `k` (queries
+    inside it to themselves), the ground truth `calibrate_thresholds` scores for this kind."""
+    targets = (task.segment_depth(tokens) == k).unsqueeze(1) & allowed_keys(tokens, task)
+    inside = (task.segment_depth(tokens) == k).unsqueeze(2)
+    eye = torch.eye(tokens.shape[1], dtype=torch.bool, device=tokens.device)
+    targets = torch.where(inside | ~targets.any(-1, keepdim=True), eye.expand_as(targets), targets)
+    return targets.float() / targets.sum(-1, keepdim=True)
+
+
+def gathering_scores(
+    patterns: Float[Tensor, "layer batch head_index query_pos key_pos"], tokens: Int[Tensor, "batch pos"], task: Task,
+) -> tuple[Float[Tensor, "layer head_index"], Int[Tensor, "layer head_index"]]:
+    """Per head, the gathering score of its best (query role, key role) and that key role: the
+    mean over the query role's queries of (mass on the key role's positions in every segment,
+    but those holding the query's token, - uniform) / (1 - uniform), times the coverage of those positions (the fraction holding at
+    least half of an even share of that mass). Zeros where roles do not recur."""
+    shape = patterns.shape[0], patterns.shape[2]
+    roles = segment_roles(tokens, task)
+    in_segment = (~task.padding_mask(tokens)) & (task.segment_ids(tokens) >= 0)  # LEGO: not BOS/EOS/padding
+    if not bool((roles[in_segment] > 0).any()):
+        return torch.zeros(shape), torch.zeros(shape, dtype=torch.long)
+    allowed = allowed_keys(tokens, task)
+    same_token = tokens.unsqueeze(2) == tokens.unsqueeze(1)  # the query itself too: that is association's
+    n_keys = allowed.sum(-1).clamp(min=1)
+    best, best_role = torch.full(shape, -1.0), torch.zeros(shape, dtype=torch.long)
+    for key_role in roles[in_segment].unique().tolist():
+        targets = ((roles == key_role) & in_segment).unsqueeze(1) & allowed & ~same_token
+        n_targets = targets.sum(-1)
+        share = patterns * targets.unsqueeze(1)  # [layer batch head query key]
+        mass = share.sum(-1)
+        covered = (share >= 0.5 * mass.unsqueeze(-1) / n_targets.clamp(min=1)[:, None, :, None]) & targets.unsqueeze(1)
+        coverage = covered.sum(-1) / n_targets.clamp(min=1)[:, None]
+        uniform = (n_targets / n_keys)[:, None]
+        score = (mass - uniform) / (1 - uniform).clamp(min=1e-6) * coverage
+        counted = in_segment & (n_targets >= 2) & (n_targets < allowed.sum(-1))
+        for query_role in roles[counted].unique().tolist():
+            weight = (counted & (roles == query_role)).to(patterns.dtype)
+            if weight.sum() < MIN_ROLE_QUERIES:
+                continue
+            value = (score * weight[:, None]).sum((1, 3)).cpu() / weight.sum().cpu()
+            better = value > best
+            best, best_role = torch.where(better, value, best), torch.where(better, key_role, best_role)
+    return best.clamp(min=0.0) if bool((best > -1).any()) else torch.zeros(shape), best_role
+
+
+def gathering_pattern(tokens: Int[Tensor, "batch pos"], task: Task, role: int) -> Float[Tensor, "batch query_pos key_pos"]:
+    """A hand-set gathering head: every query attends evenly to the positions of segment offset
+    `role` in every segment (the ground truth `calibrate_thresholds` scores for this kind)."""
+    in_segment = (~task.padding_mask(tokens)) & (task.segment_ids(tokens) >= 0)
+    targets = ((segment_offsets(tokens, task) == role) & in_segment).unsqueeze(1) & allowed_keys(tokens, task)
+    empty = ~targets.any(-1, keepdim=True)
+    targets = targets | (empty & torch.eye(tokens.shape[1], dtype=torch.bool, device=tokens.device))
+    return targets.float() / targets.sum(-1, keepdim=True)
 
 
 def label_heads(scores: Float[Tensor, "kind layer head_index"], thresholds: dict[str, float],
@@ -237,7 +337,8 @@ def classify_heads(
 
 def calibrate_thresholds(tasks: list[Task], seeds: range = range(3), n_samples: int = 128) -> dict[str, dict[str, float]]:
     """Measure, per kind, the highest score of any head of randomly initialised models and the
-    lowest score of planted heads of that kind; the threshold is the midpoint.
+    lowest score of planted heads of that kind (gathering and depth: of hand-set `gathering_pattern`s
+    and `depth_pattern`s, one per role and per depth 0-2); the threshold is the midpoint.
 
     Layouts: each kind planted in every layer of a 2-layer model, and in one head of a 3-layer one.
     """
@@ -264,6 +365,13 @@ def calibrate_thresholds(tasks: list[Task], seeds: range = range(3), n_samples: 
                     for head, planted in heads.items():
                         for kind in (k for k in HEAD_KINDS if CALIBRATED_ON.get(k, k) == planted):
                             planted_min[kind] = min(planted_min[kind], scores[HEAD_KINDS.index(kind), layer, head].item())
+            for k in range(3) if hasattr(task, "segment_depth") else []:  # hand-set depth heads
+                scores = depth_scores(depth_pattern(tokens, task, k)[None, :, None], tokens, task)[0]
+                planted_min["depth"] = min(planted_min["depth"], scores.item())
+            roles = segment_roles(tokens, task)
+            for role in roles[roles > 0].unique().tolist() if bool((roles > 0).any()) else []:  # hand-set gatherers
+                pattern = gathering_pattern(tokens, task, role)[None, :, None]
+                planted_min["gathering"] = min(planted_min["gathering"], gathering_scores(pattern, tokens, task)[0].item())
     return {kind: {"random_max": round(random_max[kind], 4), "planted_min": round(planted_min[kind], 4),
                    "threshold": round((random_max[kind] + planted_min[kind]) / 2, 2)} for kind in HEAD_KINDS}
 

@@ -338,6 +338,26 @@ class LegoTask:
         special = (tokens == BOS) | (tokens == EOS) | (tokens == PAD)
         return torch.where(special, -1 - positions, (positions - 1).div(CLAUSE_LEN, rounding_mode="floor"))
 
+    role_names = ("left-hand variable", "=", "group element", "right-hand variable", ";")  # a clause's offsets
+
+    def segment_depth(self, tokens: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+        """Chain depth of each position's clause, read from the tokens alone (the root clause,
+        whose right-hand side is a value, is depth 0; a clause reading the variable of depth k is
+        k + 1); -1 for BOS, EOS, padding and clauses no chain from a root reaches. An optional
+        member of the Task protocol: the head classifier's `depth` kind reads it."""
+        lhs, rhs = tokens[:, 1::CLAUSE_LEN], tokens[:, 4::CLAUSE_LEN]
+        n_clauses = min(lhs.shape[1], rhs.shape[1])
+        lhs, rhs = lhs[:, :n_clauses], rhs[:, :n_clauses]
+        variable = (lhs >= len(SPECIALS)) & (lhs < self.first_element)
+        depth = torch.where(variable & (rhs >= self.first_value), 0, -1)
+        reads = (rhs.unsqueeze(2) == lhs.unsqueeze(1)) & variable.unsqueeze(1) & variable.unsqueeze(2)  # clause -> parent
+        for _ in range(n_clauses):
+            parent = torch.where(reads, depth.unsqueeze(1), -1).amax(-1)
+            depth = torch.where((depth < 0) & (parent >= 0), parent + 1, depth)
+        segments = self.segment_ids(tokens)
+        inside = (segments >= 0) & (segments < n_clauses)
+        return torch.where(inside, depth.gather(1, segments.clamp(0, max(n_clauses - 1, 0))), -1)
+
     def symbol_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
         """Positions holding a variable: the tokens whose other occurrences association heads find."""
         return (tokens >= len(SPECIALS)) & (tokens < self.first_element)
