@@ -157,7 +157,7 @@ def test_the_summary_rounds_numbers_for_reading():
 
     assert readable("lr", 1.000028069254334e-05) == "1.00e-05"
     assert readable("eval_loss", 0.38413625955581665) == "0.384" and readable("train_loss", 5.03e-05) == "5.03e-05"
-    assert readable("acc_per_var", [1.0, 0.98412, 0.5]) == "[1.0, 0.9841, 0.5]"
+    assert readable("acc_per_var", [1.0, 0.98412, 0.5]) == "[1.0, 0.984, 0.5]"
     assert readable("step", 3000) == "3000" and readable("diverged", True) == "true"
     assert readable("acc_per_pair", {"1,2": 0.99999}) == "{1,2: 1.0}"
 
