@@ -35,6 +35,7 @@ from interp.circuit import Circuit, chains_to_logits, loop_steps
 from interp.patching import logit_diff_metric, patch_head_out
 from interp.probes import ProbeSet, layer_names, probe_grid, rounded
 from interp.report import figure_html, table_html
+from interp.report_format import or_never, rate
 from models.presets import lego_cpu, register_preset
 from models.runs import LoadedRun
 from tasks import Batch, LegoTask, logits_at_labels, seeded_generator
@@ -514,7 +515,7 @@ def _lego_verdict_html(verdict: dict[str, Any]) -> str:
     lines = verdict["findings"] + verdict.get("findings_from_circuit", [])
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
     rules = verdict.get("parity_rules")  # Z2 only
-    rows = [[f"#{i}", a, "yes" if s else "no", verdict["learned_step"][i],
+    rows = [[f"#{i}", rate(a), "yes" if s else "no", or_never(verdict["learned_step"][i]),
              *([f"{rules[i]['rule']} ({rules[i]['agreement']:.2f})"] if rules else [])]
             for i, (a, s) in enumerate(zip(verdict["acc_per_var"], verdict["supervised"]))]
     header = ["variable", "test accuracy", "supervised", "learned at step", *(["closest parity rule"] if rules else [])]
@@ -522,9 +523,10 @@ def _lego_verdict_html(verdict: dict[str, Any]) -> str:
 
 
 def _lego_probes_html(probes: dict[str, Any]) -> str:
-    fig = plots.heatmap(probes["accuracy"], "chain depth", "layer", "probe accuracy", probes["depth_names"], 0.0, 1.0, "viridis")
+    fig = plots.heatmap(probes["accuracy"], "chain depth", "layer (0: embedding, k: after block k-1)", "probe accuracy",
+                        probes["depth_names"], 0.0, 1.0, "viridis")
     note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
-            f"{probes['first_layer']}; {percolation_summary(probes['first_layer'])}.")
+            f"{', '.join(map(or_never, probes['first_layer']))}; {percolation_summary(probes['first_layer'])}.")
     return figure_html(fig, "Linear probe accuracy for each variable's value at its own token.") + f"<p>{html.escape(note)}</p>"
 
 
