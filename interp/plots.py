@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 
 def loss_panel(ax: plt.Axes, records: list[dict[str, Any]]) -> None:
@@ -17,7 +18,17 @@ def loss_panel(ax: plt.Axes, records: list[dict[str, Any]]) -> None:
     ax.plot(steps, [m["train_loss"] for m in records], label="train")
     ax.plot(steps, [m["eval_loss"] for m in records], label="test")
     ax.set(xlabel="step", ylabel="cross-entropy", yscale="log", title="loss")
+    plain_log_labels(ax)
     ax.legend(fontsize=8)
+
+
+def plain_log_labels(ax: plt.Axes) -> None:
+    """A log axis spanning less than a decade labels its ticks 0.05, 5.1, ..., not 5.1 x 10^0."""
+    low, high = ax.get_ylim()
+    if low > 0 and high / low < 10:
+        plain = FuncFormatter(lambda value, _: f"{value:.3g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
 
 
 def rates_and_loss(metrics: list[dict[str, Any]], series: list[tuple[str, str]], ylabel: str, title: str) -> plt.Figure:
