@@ -324,7 +324,7 @@ def last_variable_evidence_html(evidence: dict[str, Any]) -> str:
         return "<p>No evidence: the model did not train.</p>"
     parts = [figure_html(plots.heatmap(evidence["probe_accuracy"], "chain depth", "layer", "probe accuracy",
                                        evidence["depth_names"], vmin=0.5, vmax=1.0, cmap="viridis"),
-                         f"First layer reaching 95% per depth: {evidence['probe_first_layer']}. A last variable "
+                         f"First layer reaching 95% per depth: {', '.join(map(or_never, evidence['probe_first_layer']))}. A last variable "
                          "readable before the middle ones points to a shortcut rather than following the chain.")]
     for slot, values in evidence["head_patching"].items():
         parts.append(figure_html(plots.heatmap(values, "head", "layer", f"head-output patching, metric at {slot}",
