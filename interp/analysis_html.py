@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import html
-import json
+from collections.abc import Callable
 from typing import Any
 
 from interp import plots
 from interp.analysis import task_analysis
 from interp.circuit import circuit_svg
-from interp.head_evidence import evidence_html
+from interp.head_evidence import head_evidence_html
 from interp.report import Report, figure_html, table_html
+from interp.report_format import effect, evidence_html, has_rank_correlation, rank_correlation
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
+CURVE_AS_TEXT = 13  # points of the faithfulness curve (heads + 1) listed as text; more are drawn
 GOOD_AGREEMENT = 0.8  # Spearman of attribution with exact patching from which the report calls the rankings in agreement
 ESTIMATE_NAMES = {"atp": "attribution", "graddrop": "GradDrop", "ig4": "integrated gradients (4 steps)"}
 RULE_WORDS = {  # how the circuit's heads were chosen (interp.circuit.RULES)
@@ -37,7 +39,7 @@ def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
     report.add("Attention heads", note + figure_html(plots.head_score_heatmaps(heads["scores"], heads["labels"]),
                "Score per kind (0 = uniform attention, 1 = all mass on the kind's targets); * marks each head's label.")
                + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]])
-               + evidence_html(heads))
+               + head_evidence_html(heads))
     patching = analysis["patching"]
     report.add("Activation patching", _patching_html(patching))
     paths = patching["paths"]  # None: an analysis written before path patching
@@ -55,11 +57,16 @@ def _head_name(where: str) -> str:
     return f"L{layer}H{head}"
 
 
-def table_verdict_html(verdict: dict[str, Any]) -> str:
-    """A verdict section for tasks whose verdict names a solution (`verdict`), then its evidence."""
-    head = f"<p class='verdict'>Solution: {html.escape(verdict['verdict'])}</p>"
-    rows = [[k, json.dumps(v)] for k, v in verdict.items() if k != "verdict"]
-    return head + table_html(rows, ["evidence", "value"])
+def table_verdict_html(verdict: dict[str, Any], drawn: dict[str, Callable[[Any], str]] | None = None) -> str:
+    """A verdict section for tasks whose verdict names a solution (`verdict`), then its evidence:
+    numbers rounded (`interp.report_format`), a dict of lists as a small table in its row, and the
+    evidence named in `drawn` (key -> its HTML, a chart or a grid) below the table instead of in it."""
+    drawn = drawn or {}
+    head = f"<p class='verdict'>Solution: {html.escape(str(verdict['verdict']))}</p>"
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{evidence_html(v)}</td></tr>" for k, v in verdict.items()
+                   if k != "verdict" and k not in drawn)
+    below = "".join(draw(verdict[k]) for k, draw in drawn.items() if verdict.get(k))
+    return head + f"<table><tr><th>evidence</th><th>value</th></tr>{rows}</table>" + below
 
 
 def _patching_html(patching: dict[str, Any]) -> str:
@@ -92,7 +99,7 @@ def _paths_html(paths: dict[str, Any], labels: list[list[str]]) -> str:
             return str(head)
         return f"{name} ({kind}){'.' + port if port else ''}"
 
-    rows = [[named(sender), named(receiver), value] for sender, receiver, value in paths["strongest"]]
+    rows = [[named(sender), named(receiver), effect(value)] for sender, receiver, value in paths["strongest"]]
     return ("<p>The strongest paths, on the same pairs and metric: a sender head's output changed to the clean "
             "run's along one path only (every other head and MLP frozen), into a later head's query, key or value "
             "input, or directly to the logits. Normalised like exact patching.</p>"
@@ -106,7 +113,6 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
                f"{circuit['target']:.2f})" if circuit["reached"] else
                f"no set of heads reaches the target {circuit['target']:.2f}: with all {total} kept, "
                f"{circuit['faithfulness']:.2f} (the rest is carried by MLPs and embeddings on the clean input)")
-    curve = ", ".join(f"{k}: {value:.2f}" for k, value in enumerate(circuit["curve"]))
     mean = circuit["faithfulness_mean"]  # None in analysis.json files written before it existed
     cross = (f" The same heads with every other head mean-ablated instead (its mean output per position): "
              f"{mean:.2f}." if mean is not None else "")
@@ -115,7 +121,18 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
             f"corrupted input); heads join by |exact patching effect|, and the circuit is {html.escape(chosen)}."
             f"{html.escape(cross)} "
             f"{html.escape(_edges_sentence(circuit))}</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
-            + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>" + _areas_html(circuit["areas"]))
+            + _curve_html(circuit) + _areas_html(circuit["areas"]))
+
+
+def _curve_html(circuit: dict[str, Any]) -> str:
+    """Faithfulness with the first k heads: listed for a few heads, drawn over k beyond CURVE_AS_TEXT."""
+    curve = circuit["curve"]
+    if len(curve) <= CURVE_AS_TEXT:
+        listed = ", ".join(f"{k}: {effect(value)}" for k, value in enumerate(curve))
+        return f"<p>Faithfulness with the first k heads: {html.escape(listed)}.</p>"
+    fig = plots.faithfulness_curve(curve, circuit["target"], len(circuit["nodes"]))
+    return figure_html(fig, "Faithfulness (resample ablation) with the first k heads by |exact patching effect| kept; "
+                            "dashed: the target, dotted: the circuit's size.")
 
 
 def _areas_html(areas: dict[str, Any] | None) -> str:
@@ -155,8 +172,9 @@ def _estimates_cost(patching: dict[str, Any]) -> str:
     if not judged:  # nothing to find, or an analysis written before it
         return ""
     one = next(iter(judged.values()))
-    costs = ", ".join(f"{ESTIMATE_NAMES.get(name, name)} {found['heads']} (Spearman "
-                      + ("undefined" if found["spearman"] is None else f"{found['spearman']:.2f}") + ")"
+    ranked = has_rank_correlation(_n_heads(patching))  # over fewer heads, no Spearman is printed at all
+    costs = ", ".join(f"{ESTIMATE_NAMES.get(name, name)} {found['heads']}"
+                      + (f" (Spearman {rank_correlation(found['spearman'], _n_heads(patching))})" if ranked else "")
                       for name, found in judged.items())
     return (f" Heads verified in each estimate's order until exact's top {one['k']} are found, of {one['of']}: "
             f"{costs}. For head x position cells and the QK fix on queries and keys, side by side: "
@@ -164,22 +182,34 @@ def _estimates_cost(patching: dict[str, Any]) -> str:
 
 
 def _agreement_note(patching: dict[str, Any]) -> str:
-    agreement = patching["heads_attribution_spearman"]
-    if agreement is None:
-        return "Its agreement with exact patching is undefined: one of the two maps is constant."
+    agreement, n_heads = patching["heads_attribution_spearman"], _n_heads(patching)
     verified = patching["heads_attribution_verified"]
     cost = ("" if not verified else f" Patching heads exactly in attribution's order finds exact's top {verified['k']} "
             f"after {verified['heads']} of {verified['of']} heads (AtP*'s yardstick).") + _estimates_cost(patching)
+    if not has_rank_correlation(n_heads):  # over 2-4 heads Spearman takes a handful of values: +-1 says nothing
+        return (f"Rank correlation with exact: {rank_correlation(agreement, n_heads)}; compare the values, "
+                f"{_largest_listed(patching)}.{cost}")
+    if agreement is None:
+        return "Its agreement with exact patching is undefined: one of the two maps is constant."
     gap = abs(patching["heads"]["clean_metric"] - patching["heads"]["corrupted_metric"])
     if gap < MIN_METRIC_GAP:
         return f"Spearman correlation with exact: {agreement:.2f}, of little meaning here (see the warning above).{cost}"
     trust = ("Its ranking broadly agrees with exact patching." if agreement >= GOOD_AGREEMENT
              else "Its ranking differs from exact patching here: read the exact map, and use attribution only "
                   "to screen (README, Known limits).")
+    return f"Spearman correlation with exact: {agreement:.2f}. {trust} Largest effects, {_largest_listed(patching)}.{cost}"
+
+
+def _largest_listed(patching: dict[str, Any]) -> str:
+    """"exact: L0H1 -0.70, ...; attribution: ...": the largest |effects| of both per-head maps."""
     exact, estimate = (_largest_heads(patching[key]) for key in ("heads", "heads_attribution"))
-    listed = "; ".join(f"{label}: " + ", ".join(f"{name} {value:.2f}" for name, value in heads)
-                       for label, heads in (("exact", exact), ("attribution", estimate)))
-    return f"Spearman correlation with exact: {agreement:.2f}. {trust} Largest effects, {listed}.{cost}"
+    return "; ".join(f"{label}: " + ", ".join(f"{name} {effect(value)}" for name, value in heads)
+                     for label, heads in (("exact", exact), ("attribution", estimate)))
+
+
+def _n_heads(patching: dict[str, Any]) -> int:
+    """How many heads the per-head patching map ranks."""
+    return sum(len(row) for row in patching["heads"]["values"])
 
 
 def _largest_heads(sweep: dict[str, Any], k: int = 3) -> list[tuple[str, float]]:

@@ -404,6 +404,9 @@ def find_circuit(
     return circuit
 
 
+PORT_AT = {"q": 0.35, "k": 0.5, "v": 0.65}  # where along an edge (sender 0, receiver 1) its port's label sits
+
+
 def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: list[list[str]] | None = None) -> str:
     """A layered drawing: heads by layer (layer 0 at the bottom, the logits on top), kept heads
     filled and named with their label, path edges as lines whose width follows |effect|
@@ -426,8 +429,10 @@ def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: li
         parts.append(f"<line x1='{x1}' y1='{y1}' x2='{x2}' y2='{y2}' stroke='{colour}' stroke-opacity='0.7' "
                      f"stroke-width='{1 + 8 * min(1.0, abs(value)):.1f}'><title>{html.escape(f'{sender} -> {receiver}: {value:+.3f}')}"
                      f"</title></line>")
-        if port:
-            parts.append(f"<text x='{(x1 + x2) / 2 + 4}' y='{(y1 + y2) / 2}' fill='{colour}'>{html.escape(port)}</text>")
+        if port:  # q, k and v of one pair of heads share a line: their labels sit at different heights along it
+            t = PORT_AT.get(port, 0.5)
+            parts.append(f"<text x='{x1 + t * (x2 - x1) + 4:.1f}' y='{y1 + t * (y2 - y1):.1f}' fill='{colour}'>"
+                         f"{html.escape(port)}</text>")
     for name, (x, y) in where.items():
         if name == "logits":
             parts.append(f"<rect x='{x - 30}' y='{y - 12}' width='60' height='24' fill='#eee' stroke='#333'/>"
@@ -436,11 +441,18 @@ def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: li
         layer, head = (int(part) for part in name[1:].split("H"))
         kind = str(labels[layer][head]) if labels else ""
         fill = "#fdb863" if name in kept else "#f7f7f7"
-        parts.append(f"<circle cx='{x}' cy='{y}' r='22' fill='{fill}' stroke='#333'/>"
+        parts.append(f"<g><title>{html.escape(f'{name} {kind}'.strip())}</title>"
+                     f"<circle cx='{x}' cy='{y}' r='22' fill='{fill}' stroke='#333'/>"
                      f"<text x='{x}' y='{y - 2}' text-anchor='middle'>{name}</text>"
-                     f"<text x='{x}' y='{y + 11}' text-anchor='middle' font-size='9'>{html.escape(kind[:11])}</text>")
+                     f"<text x='{x}' y='{y + 11}' text-anchor='middle' font-size='9'>{html.escape(node_label(kind))}</text></g>")
     parts.append("</svg>")
     return "".join(parts)
+
+
+def node_label(kind: str, most: int = 9) -> str:
+    """A head's label as it fits inside its node (about 9 characters at 9 px): longer ones cut to
+    their first 5 letters and a dot ("manipulation" -> "manip."), never mid-way without a mark."""
+    return kind if len(kind) <= most else kind[:5] + "."
 
 
 def chains_to_logits(edges: Sequence[Sequence[Any]]) -> list[list[str]]:

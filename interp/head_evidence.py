@@ -204,7 +204,7 @@ STATUS_WORDS = {"used": "looks like its kind, and the answer depends on it",
                 "unnamed": "carries the answer, and no kind names its pattern"}
 
 
-def evidence_html(heads: dict[str, Any]) -> str:
+def head_evidence_html(heads: dict[str, Any]) -> str:
     """The report's table of labels with their evidence, from analysis.json's "heads": every head
     that is labelled or carries at least CARRIES, with its pattern score, share and status; ""
     for an analysis written before labels had evidence."""

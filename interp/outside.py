@@ -67,6 +67,7 @@ from interp.circuit import find_circuit
 from interp.patching import LogitDiff, Metric, logit_diff_metric, patch_head_out, patch_residual
 from interp.paths import check_path_patchable, path_patch
 from interp.report import Report, figure_html, table_html
+from interp.report_format import evidence_text
 from tasks import Batch
 
 OUTSIDE_KINDS = ("previous", "self", "first", "duplicate", "induction")
@@ -504,7 +505,7 @@ class OutsideAnalysis:
         note = f" Not measurable on these prompts (no query can show it): {', '.join(unseen)}." if unseen else ""
         report.add("Head scores", f"<p>Attention mass on each kind's targets relative to uniform attention (0 = "
                    f"uniform, 1 = all of it), on the clean and corrupted prompts.{html.escape(note)} Thresholds: "
-                   f"{html.escape(json.dumps(heads['thresholds']))} (induction's calibrated on a hand-set induction head).</p>"
+                   f"{html.escape(evidence_text(heads['thresholds'], 2))} (induction's calibrated on a hand-set induction head).</p>"
                    + figure_html(self.head_score_figure(), "Score per kind; * marks each head's label.")
                    + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])],
                                 ["layer", *[f"H{h}" for h in range(n_heads)]]))

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 
 def loss_panel(ax: plt.Axes, records: list[dict[str, Any]]) -> None:
@@ -17,7 +18,17 @@ def loss_panel(ax: plt.Axes, records: list[dict[str, Any]]) -> None:
     ax.plot(steps, [m["train_loss"] for m in records], label="train")
     ax.plot(steps, [m["eval_loss"] for m in records], label="test")
     ax.set(xlabel="step", ylabel="cross-entropy", yscale="log", title="loss")
+    plain_log_labels(ax)
     ax.legend(fontsize=8)
+
+
+def plain_log_labels(ax: plt.Axes) -> None:
+    """A log axis spanning less than a decade labels its ticks 0.05, 5.1, ..., not 5.1 x 10^0."""
+    low, high = ax.get_ylim()
+    if low > 0 and high / low < 10:
+        plain = FuncFormatter(lambda value, _: f"{value:.3g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
 
 
 def rates_and_loss(metrics: list[dict[str, Any]], series: list[tuple[str, str]], ylabel: str, title: str) -> plt.Figure:
@@ -36,30 +47,87 @@ def rates_and_loss(metrics: list[dict[str, Any]], series: list[tuple[str, str]],
     return fig
 
 
+def tick_step(n: int, most: int) -> int:
+    """Every how many rows or columns to label so that at most `most` labels show (1: all)."""
+    return max(1, -(-n // most))
+
+
+def integer_ticks(ax: plt.Axes, n_cols: int, n_rows: int, most_x: int = 20, most_y: int = 24) -> None:
+    """Integer ticks only (an image 1 column wide otherwise gets -0.5, 0.0, 0.5 crowded under it),
+    thinned to at most `most_x` / `most_y` labels."""
+    ax.set_xticks(range(0, n_cols, tick_step(n_cols, most_x)))
+    ax.set_yticks(range(0, n_rows, tick_step(n_rows, most_y)))
+
+
 def head_score_heatmaps(scores: dict[str, list[list[float]]], labels: list[list[str]]) -> plt.Figure:
-    """One heatmap per kind (layer x head), each head annotated with its label's initial."""
+    """One heatmap per kind (layer x head), * on each head whose label is that kind. Panels
+    share the layer axis (labelled once); each panel is at least 2 inches wide, so a one-head model
+    stays legible, and grows with the heads."""
     kinds = list(scores)
-    fig, axes = plt.subplots(1, len(kinds), figsize=(3.0 * len(kinds), 0.5 * len(labels) + 1.8), squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
+    n_layers, n_heads = len(labels), len(labels[0])
+    width = max(2.0, 0.9 + 0.3 * n_heads)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(width * len(kinds) + 1.2, 0.32 * n_layers + 1.9), squeeze=False,
+                             sharey=True)
+    for index, (ax, kind) in enumerate(zip(axes[0], kinds)):
         image = ax.imshow(scores[kind], cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
-        ax.set(title=kind, xlabel="head", ylabel="layer", xticks=range(len(labels[0])), yticks=range(len(labels)))
+        ax.set(title=kind, xlabel="head")
+        integer_ticks(ax, n_heads, n_layers, most_x=8)
+        if index == 0:
+            ax.set_ylabel("layer")
         for layer, row in enumerate(labels):
             for head, label in enumerate(row):
                 if label == kind:
-                    ax.text(head, layer, "*", ha="center", va="center", fontsize=14, color="black")
+                    ax.text(head, layer, "*", ha="center", va="center", fontsize=14 if n_heads * n_layers <= 64 else 9,
+                            color="black")
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="score (0 = uniform, 1 = all mass on target)")
     return fig
 
 
 def heatmap(values: list[list[float]], xlabel: str, ylabel: str, title: str, xticklabels: list[str] | None = None,
             vmin: float | None = None, vmax: float | None = None, cmap: str = "RdBu_r") -> plt.Figure:
-    """A labelled heatmap (rows = y, columns = x)."""
+    """A labelled heatmap (rows = y, columns = x). Integer ticks, thinned where there are many
+    rows or columns; at least 3.2 x 2.2 inches, so one head or one layer stays readable."""
     n_rows, n_cols = len(values), len(values[0])
-    fig, ax = plt.subplots(figsize=(min(14, 1.2 + 0.35 * n_cols), 1.2 + 0.4 * n_rows))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(3.2, 1.6 + 0.35 * n_cols)), max(2.2, 1.2 + 0.32 * n_rows)))
     image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title, yticks=range(n_rows))
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    integer_ticks(ax, n_cols, n_rows)
     if xticklabels is not None:
         ax.set_xticks(range(n_cols), xticklabels, rotation=90, fontsize=7)
     fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    return fig
+
+
+def rate_bars(series: dict[str, list[float | None]], xlabel: str, ylabel: str, title: str,
+              xticklabels: list[str] | None = None) -> plt.Figure:
+    """Grouped bars: one group per index (e.g. key position), one bar per series; a missing value
+    (None) is left out and marked "n/a" at the foot of its slot. Rates, so the axis runs 0 to 1."""
+    names = list(series)
+    n = max((len(v) for v in series.values()), default=0)
+    fig, ax = plt.subplots(figsize=(min(12.0, max(4.0, 2.0 + 0.5 * n)), 2.8))
+    width = 0.8 / max(1, len(names))
+    for k, name in enumerate(names):
+        xs = [i + (k - (len(names) - 1) / 2) * width for i, v in enumerate(series[name]) if v is not None]
+        ax.bar(xs, [v for v in series[name] if v is not None], width=width, label=name)
+    for i in range(n):
+        if all(i >= len(v) or v[i] is None for v in series.values()):
+            ax.text(i, 0.02, "n/a", ha="center", fontsize=7, color="0.4")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title, ylim=(0.0, 1.05))
+    ax.set_xticks(range(n), xticklabels if xticklabels is not None and len(xticklabels) == n else range(n))
+    if len(names) > 1:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def faithfulness_curve(curve: list[float], target: float, kept: int) -> plt.Figure:
+    """A circuit's faithfulness over the number of heads kept (0 .. all), the target dashed and
+    the circuit's size dotted."""
+    fig, ax = plt.subplots(figsize=(5.5, 2.8))
+    ax.plot(range(len(curve)), curve, marker=".", color="tab:blue")
+    ax.axhline(target, color="0.4", linestyle="--", linewidth=1)
+    ax.axvline(kept, color="0.4", linestyle=":", linewidth=1)
+    ax.set(xlabel="heads kept (largest |effect| first)", ylabel="faithfulness", xlim=(-0.5, len(curve) - 0.5))
     fig.tight_layout()
     return fig

@@ -11,6 +11,7 @@ from interp.analysis import RunAnalysis, read_analysis, task_analysis
 from interp.analysis_html import analysis_sections
 from interp.attention import attention_patterns
 from interp.report import Report, figure_html, table_html
+from interp.report_format import pair_grid_html, pair_keys
 from models.runs import ANALYSIS, REPORT, LoadedRun, RunFolderError, non_finite_note, non_finite_weights
 from tasks import seeded_generator
 
@@ -110,20 +111,31 @@ def _summary_html(run: LoadedRun) -> str:
     final = next((m for m in reversed(run.metrics) if "eval_loss" in m), None)
     if final is None:
         return heads_origin_html(run) + "<p>No evaluation was recorded.</p>"
-    rows = [[k, readable(k, v)] for k, v in final.items()]
+    grids = {k: v for k, v in final.items() if pair_keys(v) is not None}  # acc_per_pair: a grid, below
+    rows = [[k, readable(k, v)] for k, v in final.items() if k not in grids]
     return (heads_origin_html(run) + f"<p>Final evaluation on held-out data (step {final['step']}):</p>"
-            + table_html(rows, ["metric", "value"]))
+            + table_html(rows, ["metric", "value"]) + "".join(_pair_grid_html(run, k, v) for k, v in grids.items()))
+
+
+def _pair_grid_html(run: LoadedRun, key: str, values: dict[str, float]) -> str:
+    """A metric per (anchor 1, anchor 2) pair as a grid; the pairs held out of training (a task
+    config's `held_out`, where it has one) outlined."""
+    held_out = set(getattr(run.config.task, "held_out", None) or ())
+    note = " Outlined: held out of training." if held_out else ""
+    return (f"<p>{html.escape(key)}, per pair (row: first anchor, column: second anchor; green: 1).{note}</p>"
+            + (pair_grid_html(values, held_out) or ""))
 
 
 def readable(key: str, value: object) -> str:
     """A metric as a reader wants it: losses to 3 significant figures, the learning rate in
-    scientific notation, other fractions to 4 decimals; lists and dicts element by element."""
+    scientific notation, other fractions to 3 decimals (an evaluation of 2000 rows carries no
+    more); lists and dicts element by element."""
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return json.dumps(value)
     if isinstance(value, float):
         if key == "lr":
             return f"{value:.2e}"
-        return f"{value:.3g}" if "loss" in key else f"{round(value, 4)}"
+        return f"{value:.3g}" if "loss" in key else f"{round(value, 3)}"
     if isinstance(value, list):
         return "[" + ", ".join(readable(key, v) for v in value) + "]"
     if isinstance(value, dict):

@@ -10,7 +10,9 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
+from matplotlib.ticker import MaxNLocator
 
+from interp import plots
 from interp.report import figure_html, table_html
 
 CHANGE_STYLE = {"color": "0.35", "linestyle": ":", "linewidth": 1.0}
@@ -58,6 +60,8 @@ def _steps_axis(ax: plt.Axes, steps: list[int]) -> None:
     positive = [s for s in steps if s > 0]
     if positive and max(positive) / min(positive) > 100:
         ax.set_xscale("symlog", linthresh=min(positive))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps, not 2.5 or 7.5
     ax.set_xlim(0, max(steps, default=1) * 1.1)
     ax.set_xlabel("step")
 
@@ -69,8 +73,10 @@ def evidence_figure(points: list[dict[str, Any]], summary: dict[str, Any]) -> pl
     steps = [p["step"] for p in points]
     for ax, panel in zip(axes[0], panels):
         names = list(dict.fromkeys(name for p in points for name in p["panels"].get(panel, {})))
-        for name in names:
-            ax.plot(steps, [p["panels"].get(panel, {}).get(name, np.nan) for p in points], marker=".", label=name)
+        series = [[p["panels"].get(panel, {}).get(name, np.nan) for p in points] for name in names]
+        for name, values in zip(names, series):
+            ax.plot(steps, values, marker=".", label=name)
+        _rates_axis(ax, series)
         _mark(ax, summary)
         _steps_axis(ax, steps)
         ax.set_title(panel, fontsize=10)
@@ -78,6 +84,13 @@ def evidence_figure(points: list[dict[str, Any]], summary: dict[str, Any]) -> pl
             ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def _rates_axis(ax: plt.Axes, series: list[list[float]]) -> None:
+    """Rates (every value in [0, 1]) on the whole 0-1 axis: a 0-0.03 axis makes noise look like learning."""
+    values = [v for one in series for v in one if v is not None and np.isfinite(v)]
+    if values and min(values) >= 0 and max(values) <= 1:
+        ax.set_ylim(-0.02, 1.02)
 
 
 def loss_figure(metrics: list[dict[str, Any]], points: list[dict[str, Any]], summary: dict[str, Any]) -> plt.Figure:
@@ -88,6 +101,7 @@ def loss_figure(metrics: list[dict[str, Any]], points: list[dict[str, Any]], sum
     if records and "eval_loss" in records[-1]:
         ax.plot(steps, [m.get("eval_loss", np.nan) for m in records], label="test")
     ax.set(yscale="log", ylabel="cross-entropy", title="loss, snapshots and changes of verdict")
+    plots.plain_log_labels(ax)
     for point in points:
         ax.axvline(max(point["step"], 1), ymax=0.04, color="tab:green")
         if any(r.startswith("before step") for r in point["reasons"]):

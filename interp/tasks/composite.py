@@ -32,7 +32,8 @@ from interp.analysis_html import table_verdict_html
 from interp.attention import attention_patterns
 from interp.circuit import Circuit, chains_to_logits
 from interp.probes import ProbeSet, layer_names, probe_grid, rounded
-from interp.report import table_html
+from interp.report import figure_html, table_html
+from interp.report_format import dict_table_html, evidence_html, is_series, rate
 from models.presets import composite_cpu, register_preset
 from models.runs import LoadedRun
 from tasks import Batch, CompositeTask, seeded_generator
@@ -384,11 +385,38 @@ def _composite_circuit_findings(verdict: CompositeVerdict, circuit: Circuit, lab
     return dataclasses.replace(verdict, route=route)
 
 
+def _composite_verdict_html(verdict: dict[str, Any]) -> str:
+    """The verdict's table, with the attention flow as a table (per layer) and the held-out answers
+    per key position as bars below it."""
+    return table_verdict_html(verdict, {"attention_flow": _attention_flow_html,
+                                        "held_out_by_key_position": _key_position_html})
+
+
+def _attention_flow_html(flow: Any) -> str:
+    if not is_series(flow):  # a hand-edited analysis.json: shown as it is
+        return f"<p>attention_flow: {evidence_html(flow)}</p>"
+    layers = [f"L{i}" for i in range(len(next(iter(flow.values()))))]
+    return ("<p>attention_flow: mean attention from one position to another on the held-out pair, per layer, "
+            "averaged over heads (the key, then anchor 1 and anchor 2 of the pair).</p>"
+            + dict_table_html(flow, layers, "query -> key"))
+
+
+def _key_position_html(rates: Any) -> str:
+    if not is_series(rates):
+        return f"<p>held_out_by_key_position: {evidence_html(rates)}</p>"
+    names = {"inferential": "x-10 (inferential)", "symmetric": "x-6 (symmetric)"}
+    fig = plots.rate_bars({names.get(k, k): v for k, v in rates.items()}, "key position", "share of answers",
+                          "held-out pair: answers by key position")
+    return figure_html(fig, "held_out_by_key_position: on the held-out pair (test keys), the share of answers that "
+                            "are the inferential (x-10) and the symmetric (x-6) solution, per position of the key; "
+                            "n/a where no test sequence had its key there.")
+
+
 def _composite_probes_html(probes: dict[str, Any]) -> str:
     rows = []
     for site_index, site in enumerate(probes["site_names"]):
         for quantity_index, quantity in enumerate(probes["quantity_names"]):
-            rows.append([site, quantity, *[round(layer[site_index][quantity_index], 3) for layer in probes["accuracy"]]])
+            rows.append([site, quantity, *[rate(layer[site_index][quantity_index]) for layer in probes["accuracy"]]])
     header = ["site", "quantity", *probes["layer_names"]]
     return "<p>Linear probe accuracy per layer.</p>" + table_html(rows, header)
 
@@ -432,7 +460,7 @@ def composite_summary(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 register_analysis("composite", TaskAnalysis(
-    _composite_findings, lambda verdict: verdict.verdict, table_verdict_html, _composite_probes_html,
+    _composite_findings, lambda verdict: verdict.verdict, _composite_verdict_html, _composite_probes_html,
     lambda run: composite_curves(run.metrics),
     "Seen-pair accuracy on test keys, and the answers on the held-out pair.", _composite_circuit_findings,
     timeline_panels=composite_timeline_panels, summary=composite_summary, verdict_rates=composite_verdict_rates))

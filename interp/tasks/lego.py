@@ -35,6 +35,7 @@ from interp.circuit import Circuit, chains_to_logits, loop_steps
 from interp.patching import logit_diff_metric, patch_head_out
 from interp.probes import ProbeSet, layer_names, probe_grid, rounded
 from interp.report import figure_html, table_html
+from interp.report_format import or_never, rate
 from interp.tasks.lego_heads import lego_share_probe
 from models.presets import lego_cpu, register_preset
 from models.runs import LoadedRun
@@ -324,7 +325,7 @@ def last_variable_evidence_html(evidence: dict[str, Any]) -> str:
         return "<p>No evidence: the model did not train.</p>"
     parts = [figure_html(plots.heatmap(evidence["probe_accuracy"], "chain depth", "layer", "probe accuracy",
                                        evidence["depth_names"], vmin=0.5, vmax=1.0, cmap="viridis"),
-                         f"First layer reaching 95% per depth: {evidence['probe_first_layer']}. A last variable "
+                         f"First layer reaching 95% per depth: {', '.join(map(or_never, evidence['probe_first_layer']))}. A last variable "
                          "readable before the middle ones points to a shortcut rather than following the chain.")]
     for slot, values in evidence["head_patching"].items():
         parts.append(figure_html(plots.heatmap(values, "head", "layer", f"head-output patching, metric at {slot}",
@@ -515,7 +516,7 @@ def _lego_verdict_html(verdict: dict[str, Any]) -> str:
     lines = verdict["findings"] + verdict.get("findings_from_circuit", [])
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
     rules = verdict.get("parity_rules")  # Z2 only
-    rows = [[f"#{i}", a, "yes" if s else "no", verdict["learned_step"][i],
+    rows = [[f"#{i}", rate(a), "yes" if s else "no", or_never(verdict["learned_step"][i]),
              *([f"{rules[i]['rule']} ({rules[i]['agreement']:.2f})"] if rules else [])]
             for i, (a, s) in enumerate(zip(verdict["acc_per_var"], verdict["supervised"]))]
     header = ["variable", "test accuracy", "supervised", "learned at step", *(["closest parity rule"] if rules else [])]
@@ -523,9 +524,10 @@ def _lego_verdict_html(verdict: dict[str, Any]) -> str:
 
 
 def _lego_probes_html(probes: dict[str, Any]) -> str:
-    fig = plots.heatmap(probes["accuracy"], "chain depth", "layer", "probe accuracy", probes["depth_names"], 0.0, 1.0, "viridis")
+    fig = plots.heatmap(probes["accuracy"], "chain depth", "layer (0: embedding, k: after block k-1)", "probe accuracy",
+                        probes["depth_names"], 0.0, 1.0, "viridis")
     note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
-            f"{probes['first_layer']}; {percolation_summary(probes['first_layer'])}.")
+            f"{', '.join(map(or_never, probes['first_layer']))}; {percolation_summary(probes['first_layer'])}.")
     return figure_html(fig, "Linear probe accuracy for each variable's value at its own token.") + f"<p>{html.escape(note)}</p>"
 
 

@@ -3,6 +3,7 @@
 import html
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -31,7 +32,9 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     exact, estimate = (torch.tensor(analysis["patching"][k]["values"]) for k in ("heads", "heads_attribution"))
     assert analysis["patching"]["heads_attribution_spearman"] == pytest.approx(spearman(estimate, exact))
     page = (out / "report.html").read_text()
-    assert f"Spearman correlation with exact: {analysis['patching']['heads_attribution_spearman']:.2f}" in page
+    ranked = exact.numel() >= 5  # composite-cpu has 2 heads: no rank correlation over them is printed
+    assert (f"Spearman correlation with exact: {analysis['patching']['heads_attribution_spearman']:.2f}" in page) == ranked
+    assert ("Rank correlation with exact: n/a (fewer than 5 heads)" in page) == (not ranked)
     # AtP*'s yardstick: heads verified in attribution's order until exact's top heads are all found
     verified = analysis["patching"]["heads_attribution_verified"]
     n_heads = exact.numel()
@@ -43,7 +46,8 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     per_estimate = analysis["patching"]["heads_estimates_verified"]
     assert set(per_estimate) == {"atp", "graddrop", "ig4"} and per_estimate["atp"]["heads"] == verified["heads"]
     assert all(1 <= found["heads"] <= n_heads and found["of"] == n_heads for found in per_estimate.values())
-    assert f"GradDrop {per_estimate['graddrop']['heads']} (Spearman" in page and "workbench benchmark --patching" in page
+    assert (f"GradDrop {per_estimate['graddrop']['heads']} (Spearman" in page) == ranked
+    assert f"GradDrop {per_estimate['graddrop']['heads']}" in page and "workbench benchmark --patching" in page
     verdict = analysis["verdict"]  # what the verdict reads from the circuit graph
     if task == "lego":
         assert len(verdict["findings_from_circuit"]) == 1 and verdict["findings_from_circuit"][0].startswith("circuit: ")
@@ -110,14 +114,30 @@ def test_analyze_needs_a_trained_run(tmp_path):
 def test_the_report_says_how_far_attribution_agrees_with_exact(agreement, gap, says):
     from interp.analysis_html import _agreement_note
 
-    heads = {"clean_metric": gap, "corrupted_metric": 0.0, "layers": [0, 1], "values": [[0.1, -0.7], [0.0, 0.3]]}
-    estimate = {"layers": [0, 1], "values": [[0.6, 0.0], [0.05, 0.2]]}
+    heads = {"clean_metric": gap, "corrupted_metric": 0.0, "layers": [0, 1],
+             "values": [[0.1, -0.7, 0.01], [0.0, 0.3, -0.02]]}  # 6 heads: enough to rank
+    estimate = {"layers": [0, 1], "values": [[0.6, 0.0, 0.01], [0.05, 0.2, 0.0]]}
     patching = {"heads_attribution_spearman": agreement, "heads": heads, "heads_attribution": estimate,
                 "heads_attribution_verified": None, "heads_estimates_verified": {}}
     note = _agreement_note(patching)
     assert says in note
     if agreement is not None and gap > 1:  # the heads that matter most, by |effect|, from both maps
         assert "exact: L0H1 -0.70, L1H1 0.30, L0H0 0.10; attribution: L0H0 0.60, L1H1 0.20, L1H0 0.05." in note
+
+
+def test_no_rank_correlation_is_printed_over_fewer_than_5_heads():
+    """Over 2 heads Spearman is +1 or -1 whatever the maps: the note compares values instead."""
+    from interp.analysis_html import _agreement_note
+
+    heads = {"clean_metric": 10.9, "corrupted_metric": -10.9, "layers": [0, 1], "values": [[1.0], [0.99]]}
+    estimate = {"layers": [0, 1], "values": [[0.13], [0.18]]}
+    found = {"heads": 2, "of": 2, "k": 2, "spearman": -1.0}
+    patching = {"heads_attribution_spearman": -1.0, "heads": heads, "heads_attribution": estimate,
+                "heads_attribution_verified": found, "heads_estimates_verified": {"atp": found, "ig4": found}}
+    note = _agreement_note(patching)
+    assert "n/a (fewer than 5 heads)" in note and "Spearman" not in note and "-1.00" not in note
+    assert "differs" not in note and "agrees" not in note  # no verdict drawn from it
+    assert "exact: L0H0 1.00, L1H0 0.99; attribution: L1H0 0.18, L0H0 0.13" in note
 
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -157,7 +177,7 @@ def test_the_summary_rounds_numbers_for_reading():
 
     assert readable("lr", 1.000028069254334e-05) == "1.00e-05"
     assert readable("eval_loss", 0.38413625955581665) == "0.384" and readable("train_loss", 5.03e-05) == "5.03e-05"
-    assert readable("acc_per_var", [1.0, 0.98412, 0.5]) == "[1.0, 0.9841, 0.5]"
+    assert readable("acc_per_var", [1.0, 0.98412, 0.5]) == "[1.0, 0.984, 0.5]"
     assert readable("step", 3000) == "3000" and readable("diverged", True) == "true"
     assert readable("acc_per_pair", {"1,2": 0.99999}) == "{1,2: 1.0}"
 
@@ -294,7 +314,8 @@ def test_a_schema_1_analysis_json_is_read_upgraded_and_renders(tmp_path, task):
     page = _sections(read)
     assert all(f"<h2>{section}</h2>" in page for section in ["Verdict", "Attention heads", "Activation patching",
                                                                "Path patching", "Circuit"])
-    assert "the circuit is the first prefix that reaches the target." in page and "MIB" not in page
+    words = re.sub(r'src="data:[^"]*"', "", page)  # the text, without the figures' base64 (which may hold "MIB")
+    assert "the circuit is the first prefix that reaches the target." in page and "MIB" not in words
     oldest = json.loads(json.dumps(before))
     del oldest["probes"], oldest["heads"]["planted"]
     for key in OLDEST_GAPS:
@@ -307,7 +328,8 @@ def test_a_schema_1_analysis_json_is_read_upgraded_and_renders(tmp_path, task):
     assert read["patching"]["heads_attribution_spearman"] == pytest.approx(spearman)
     assert read["patching"]["paths"] is None and read["probes"] is None and read["heads"]["planted"] == {}
     page = _sections(read)
-    assert f"Spearman correlation with exact: {spearman:.2f}" in page and "<h2>Path patching</h2>" not in page
+    shown = f"Spearman correlation with exact: {spearman:.2f}" if task != "composite" else "n/a (fewer than 5 heads)"
+    assert shown in page and "<h2>Path patching</h2>" not in page
 
 
 def _sections(analysis):

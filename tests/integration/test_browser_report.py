@@ -229,3 +229,121 @@ def test_a_timeline_section_renders_offline_with_its_figures_and_when_the_verdic
     assert all(f["png"] and f["complete"] and f["width"] > 100 for f in shown)
     section.screenshot(path=str(timeline_report.parent / "timeline.png"))
     assert (timeline_report.parent / "timeline.png").stat().st_size > 10_000
+
+
+# Issue 41: a report a researcher would put in an appendix. Two real zoo models: composite-inferential
+# (2 layers of one head each) analysed here, and the 12-layer LEGO model lego12-albert-s0 with the
+# analysis.json that `workbench analyze` wrote for it (tests/data; 640 s on 2 busy cores, too long to
+# repeat in a test: copy zoo/lego12-albert-s0 elsewhere, run `workbench analyze` on the copy, and copy its
+# analysis.json back to regenerate it).
+ZOO = Path(__file__).parents[2] / "zoo"
+DATA = Path(__file__).parents[1] / "data"
+EVIDENCE_SECTIONS = ["Summary", "Verdict", "Attention heads", "Activation patching", "Path patching", "Circuit",
+                     "Probes"]  # not Configuration (config.json, JSON on purpose) nor the token text of the widgets
+OVER_PRECISE = re.compile(r"\d\.\d{5,}")  # a number with 5 or more decimals
+
+
+@pytest.fixture(scope="module")
+def one_head_composite_report(tmp_path_factory) -> Path:
+    torch.set_num_threads(1)
+    run_dir = tmp_path_factory.mktemp("one-head") / "composite-inferential"
+    shutil.copytree(ZOO / "composite-inferential", run_dir)
+    run = load_run(run_dir)
+    assert (run.model.cfg.n_layers, run.model.cfg.n_heads) == (2, 1)
+    return write_run_report(run, analysis=analyze_run(run, n_samples=128))
+
+
+@pytest.fixture(scope="module")
+def lego12_report(tmp_path_factory) -> Path:
+    torch.set_num_threads(1)
+    run_dir = tmp_path_factory.mktemp("lego12") / "lego12-albert-s0"
+    shutil.copytree(ZOO / "lego12-albert-s0", run_dir)
+    shutil.copy(DATA / "analysis-lego12-albert-s0.json", run_dir / "analysis.json")
+    run = load_run(run_dir)
+    assert (run.model.cfg.n_layers, run.model.cfg.n_heads) == (12, 4)
+    return write_run_report(run, n_examples=1)  # 12 attention widgets, not 24: they render within the timeout
+
+
+def evidence_text(page) -> dict[str, str]:
+    """The visible text of each evidence section, by heading."""
+    return {name: section(page, name).inner_text() for name in EVIDENCE_SECTIONS
+            if page.locator(f"h2:text-is('{name}')").count()}
+
+
+def section(page, name: str):
+    return page.locator("section", has=page.locator(f"h2:text-is('{name}')"))
+
+
+def assert_reads_like_an_appendix(page) -> dict[str, str]:
+    """No raw JSON of evidence, no over-precise number, no Python None in a table, every figure decoded."""
+    texts = evidence_text(page)
+    for name, text in texts.items():
+        assert '{"' not in text and "{'" not in text, f"raw JSON in {name}"
+        assert not OVER_PRECISE.search(text), f"{OVER_PRECISE.search(text)[0]} in {name}"
+    cells = page.evaluate("[...document.querySelectorAll('section td')].map(td => td.textContent)")
+    assert not {"None", "null", "NaN"} & set(cells)
+    assert all(f["png"] and f["complete"] and f["width"] > 100 for f in figures(page))
+    return texts
+
+
+def assert_node_labels_fit(page, n_heads: int) -> None:
+    """Each circuit node names its head's label in full or cut with a mark ("manip."), never mid-word."""
+    shown = page.evaluate("[...document.querySelectorAll('svg.circuit circle + text + text')].map(t => t.textContent)")
+    kinds = set(section(page, "Attention heads").evaluate("s => [...s.querySelectorAll('td')].map(td => td.textContent)"))
+    assert len(shown) == n_heads and all(len(label) <= 9 for label in shown)
+    assert all(label in kinds or (label.endswith(".") and any(kind.startswith(label[:-1]) for kind in kinds))
+               for label in shown)
+
+
+def screenshot(page, name: str, folder: Path) -> Path:
+    path = folder / f"{name.lower().replace(' ', '-')}.png"
+    section(page, name).screenshot(path=str(path))
+    assert path.stat().st_size > 5_000
+    return path
+
+
+def test_a_one_head_composite_report_shows_evidence_as_tables_and_charts_and_no_rank_correlation(
+        browser, one_head_composite_report):
+    started = time.perf_counter()
+    page, errors, requests = open_offline(browser, one_head_composite_report)
+    assert errors == [] and requests == [one_head_composite_report.as_uri()]
+    texts = assert_reads_like_an_appendix(page)
+    # per-pair accuracy as a 4 x 4 grid, the held-out pair outlined
+    grid = page.evaluate("""(() => { const g = document.querySelector('table.grid');
+        return {rows: g.querySelectorAll('tr').length, cells: g.querySelectorAll('td').length,
+                outlined: [...g.querySelectorAll('td')].filter(td => td.style.outline).map(td => td.title)}; })()""")
+    assert grid == {"rows": 5, "cells": 16, "outlined": ["4,3"]}
+    # attention flow as a table (query -> key by layer), held-out answers by key position as a bar chart
+    assert re.search(r"last->anchor2\s+\d\.\d{3}\s+\d\.\d{3}", texts["Verdict"])
+    bars = page.evaluate("""[...document.querySelectorAll('figure img')].filter(img => img.alt.startsWith(
+        'held_out_by_key_position')).map(img => img.naturalWidth)""")
+    assert len(bars) == 1 and bars[0] > 300
+    # two heads: no Spearman, and no verdict on attribution drawn from it
+    assert "Spearman" not in texts["Activation patching"] and "n/a (fewer than 5 heads)" in texts["Activation patching"]
+    assert "broadly agrees" not in texts["Activation patching"] and "differs from exact" not in texts["Activation patching"]
+    # the one-column head maps are drawn wide enough to read (3.2 inches at 110 dpi, less the tight crop)
+    widths = page.evaluate("""[...document.querySelectorAll('figure img')].filter(img => img.alt.includes(
+        "each head's output") || img.alt.startsWith('Attribution patching')).map(img => img.naturalWidth)""")
+    assert len(widths) == 2 and min(widths) >= 250
+    assert_node_labels_fit(page, 2)
+    shots = [screenshot(page, name, one_head_composite_report.parent) for name in ("Summary", "Verdict",
+                                                                                  "Activation patching")]
+    print(f"one-head composite report checked in {time.perf_counter() - started:.1f} s; screenshots: {shots}")
+
+
+def test_a_12_layer_lego_report_keeps_its_labels_apart_and_ranks_its_48_heads(browser, lego12_report):
+    started = time.perf_counter()
+    page, errors, requests = open_offline(browser, lego12_report)
+    assert errors == [] and requests == [lego12_report.as_uri()]
+    texts = assert_reads_like_an_appendix(page)
+    assert re.search(r"Spearman correlation with exact: -?\d\.\d\d\.", texts["Activation patching"])  # 48 heads
+    assert "fewer than 5 heads" not in texts["Activation patching"]
+    # the 49-point faithfulness curve is drawn, not listed
+    assert "Faithfulness with the first k heads:" not in texts["Circuit"]
+    assert page.locator("figure img[alt^='Faithfulness (resample ablation)']").count() == 1
+    assert "never" in texts["Probes"] and "None" not in texts["Probes"]
+    assert re.search(r"#7\s+0\.923\s+no\s+never", texts["Verdict"])  # accuracy to 3 decimals, never learned
+    assert_node_labels_fit(page, 48)
+    shots = [screenshot(page, name, lego12_report.parent) for name in ("Attention heads", "Activation patching",
+                                                                      "Circuit", "Probes")]
+    print(f"12-layer lego report checked in {time.perf_counter() - started:.1f} s; screenshots: {shots}")

@@ -130,6 +130,7 @@ def test_to_dict_is_json_and_the_report_is_offline(toy, tmp_path):
     for piece in ("CircuitsVis.AttentionHeads", "data:image/png;base64,", "<svg", "L1H0", "Head scores", "Path patching"):
         assert piece in page
     assert not re.search(r"<script[^>]+src=", page) and "<link" not in page  # nothing fetched from elsewhere
+    assert "Thresholds: previous: 0.50; self: 0.50;" in page  # as text, not as a JSON dict
 
 
 # ---------------------------------------------------------------------------------------------
