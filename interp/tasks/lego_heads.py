@@ -42,3 +42,16 @@ def lego_share_probe(run: LoadedRun, seed: int = 0) -> ShareProbe:
 
     supervised = sum(run.task.supervised_slots())
     return hop_probe(run, seed) if supervised >= 3 else default_share_probe(run, seed)
+
+
+def hop_effects(run: LoadedRun, depth: int, variable: int, n_pairs: int = 64, seed: int = 1):
+    """[layer, head]: exact head patching, normalised, for flipping the group element at chain
+    depth `depth` and reading `variable` (aligned test sentences drawn from `seed`): one set of
+    `hop_probe`, alone."""
+    from interp.patching import patch_head_out
+
+    gen = seeded_generator(seed)
+    clean = run.task.sample(n_pairs, gen, split="test", aligned=True)
+    corrupted, _ = run.task.corrupt(clean, gen, depth=depth)
+    metric = logit_diff_metric(clean, corrupted, label_index=variable)
+    return patch_head_out(run.model, clean.tokens, corrupted.tokens, metric).values

@@ -267,6 +267,8 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
         assert circuit["edges"] and _key_tree(circuit["edges"]) == [None]
         circuit["edges"] = []  # compared as 9f7496e's empty list, whose items have no shape to compare
     assert set(written["heads"]["scores"]) == set(written["heads"]["thresholds"]) == set(HEAD_KINDS)
+    evidence = written["heads"].pop("evidence")  # added since (schema 3): each label with its patching share
+    assert len(evidence["status"]) == len(written["heads"].pop("where")) == len(written["heads"]["labels"])
     kinds_aside = lambda tree: {**tree, "heads": {**tree["heads"], "scores": {}, "thresholds": {}}}  # noqa: E731
     assert _key_tree(kinds_aside(written)) == _key_tree(kinds_aside(before))  # the kinds changed since (issue 28, part 5)
     write_analysis(run, analysis)
@@ -310,6 +312,7 @@ def test_a_schema_1_analysis_json_is_read_upgraded_and_renders(tmp_path, task):
     read = read_analysis(tmp_path)
     expected = json.loads(json.dumps(before))
     expected["patching"]["paths"]["circuit"].update(rule="first", areas=None)  # the rule then; no areas then
+    expected["heads"].update(where=None, evidence=None)  # no depth or gathering kinds, no evidence then
     assert read == {**expected, "schema": SCHEMA, "weights": None}  # no weights recorded then
     page = _sections(read)
     assert all(f"<h2>{section}</h2>" in page for section in ["Verdict", "Attention heads", "Activation patching",
@@ -341,14 +344,14 @@ def _sections(analysis):
     return report.to_html()
 
 
-@pytest.mark.parametrize("schema, says", [(3, "is analysis.json schema 3, newer than this workbench reads (schema 1 to 2)"),
-                                          ("2", "holds schema='2', which is no version of analysis.json (1 to 2)"),
+@pytest.mark.parametrize("schema, says", [(4, "is analysis.json schema 4, newer than this workbench reads (schema 1 to 3)"),
+                                          ("2", "holds schema='2', which is no version of analysis.json (1 to 3)"),
                                           (0, "holds schema=0")])
 def test_an_analysis_json_of_a_newer_or_no_schema_is_refused_naming_the_file_and_the_versions(tmp_path, schema, says):
     from interp.analysis import SCHEMA, read_analysis
     from models.runs import RunFolderError
 
-    assert SCHEMA == 2  # the messages above name it
+    assert SCHEMA == 3  # the messages above name it
     written = {**json.loads((DATA / "analysis-9f7496e-lego.json").read_text()), "schema": schema}
     (tmp_path / "analysis.json").write_text(json.dumps(written))
     with pytest.raises(RunFolderError) as refused:
