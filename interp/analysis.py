@@ -269,7 +269,8 @@ def analyze_run(
         evidence = head_evidence(run.model, heads, default_share_probe(run, seed), patching.heads.values, run.task)
     probes, verdict = steps.findings(run, seed)
     if steps.circuit_findings is not None:
-        verdict = steps.circuit_findings(verdict, patching.circuit, _head_labels(heads), _planted_names(planted, heads))
+        verdict = steps.circuit_findings(verdict, patching.circuit, _head_labels(heads, evidence),
+                                         _planted_names(planted, heads))
     return RunAnalysis(str(run.path), run.config.task.name, heads, planted, patching, probes, verdict,
                        round(time.perf_counter() - started, 2), None if run.weights is None else run.weights.to_dict(),
                        evidence)
@@ -282,9 +283,22 @@ def default_share_probe(run: LoadedRun, seed: int = 0, n_pairs: int = 64) -> Sha
                       description)
 
 
-def _head_labels(heads: HeadScores) -> dict[str, str]:
-    """"L1H0" -> its label."""
-    return {f"L{layer}H{head}": label for layer, row in enumerate(heads.labels) for head, label in enumerate(row)}
+def _head_labels(heads: HeadScores, evidence: HeadEvidence | None = None) -> dict[str, str]:
+    """"L1H0" -> its label, as the circuit's findings name it: with what a depth or gathering head
+    reads, ", not used" where the answer does not depend on the head, and a mixed head that
+    carries the answer as "mixed, carries 0.85" (`interp.head_evidence`)."""
+    names = {}
+    for layer, row in enumerate(heads.labels):
+        for head, label in enumerate(row):
+            status = evidence.status[layer][head] if evidence else "used"
+            reads = evidence.reads[layer][head] if evidence and evidence.reads else None
+            named = label if reads is None else f"{label} ({reads})"
+            if status == "not used":
+                named = f"{named}, not used"
+            elif status == "unnamed":
+                named = f"mixed, carries {evidence.shares[layer][head]:.2f}"
+            names[f"L{layer}H{head}"] = named
+    return names
 
 
 def _planted_names(planted: dict[str, str], heads: HeadScores) -> set[str]:
