@@ -9,6 +9,7 @@ from typing import Any
 from interp import plots
 from interp.analysis import task_analysis
 from interp.circuit import circuit_svg
+from interp.circuit_spread import bootstrap_html
 from interp.report import Report, figure_html, table_html
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
@@ -113,7 +114,8 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
             f"corrupted input); heads join by |exact patching effect|, and the circuit is {html.escape(chosen)}."
             f"{html.escape(cross)} "
             f"{html.escape(_edges_sentence(circuit))}</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
-            + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>" + _areas_html(circuit["areas"]))
+            + f"<p>Faithfulness with the first k heads: {html.escape(curve)}.</p>" + _areas_html(circuit["areas"])
+            + bootstrap_html(circuit))
 
 
 def _areas_html(areas: dict[str, Any] | None) -> str:

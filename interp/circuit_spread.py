@@ -32,7 +32,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from interp.circuit import Circuit, find_circuit
-from interp.patching import LogitDiff, patch_head_out
+from interp.patching import LogitDiff, Metric, patch_head_out
 from interp.paths import check_path_patchable, path_patch
 
 STABLE = 0.9  # a head or edge kept in at least this share of the resamples is in the stable core
@@ -81,7 +81,7 @@ def resample(metric: LogitDiff, index: Tensor) -> LogitDiff:
     return LogitDiff(metric.pos[index], metric.clean_label[index], metric.corrupted_label[index])
 
 
-def bootstrap_circuit(model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: LogitDiff,
+def bootstrap_circuit(model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens: Tensor, metric: Metric,
                       n_resamples: int = 20, seed: int = 0, edges: bool = True, stable: float = STABLE,
                       **circuit_options: Any) -> dict[str, Any]:
     """The circuit found again on `n_resamples` resamples of the pairs (module doc), as plain
