@@ -142,6 +142,6 @@ def comparison_lines(result: dict[str, Any]) -> list[str]:
         return f"{name:>14}: " + "; ".join(cells)
 
     lines = [line("circuit", result["circuit"])]
-    lines += [line(f"{t['percent']:g}% (k={t['k']})", t) for t in result["thresholds"]]
+    lines += [line(f"{t['percent']:g}% (k={t['k']})", t) for t in result["thresholds"] if t["k"]]
     lines.append(f"Spearman of edge scores {result['edge_score_spearman']}, of head scores {result['head_score_spearman']}")
     return lines
