@@ -151,8 +151,8 @@ def bootstrap_html(circuit: dict[str, Any]) -> str:
     names = {"faithfulness": "faithfulness of the heads", "size": "heads kept", "cpr": "CPR over heads",
              "cmd": "CMD over heads", "edge_faithfulness": "faithfulness of the kept edges",
              "edge_cpr": "CPR over edges", "edge_cmd": "CMD over edges"}
-    parts = [f"{label} {_number(found[name])} [{_number(spread['intervals'][name][0])}, "
-             f"{_number(spread['intervals'][name][1])}]" for name, label in names.items()
+    parts = [f"{label} {_number(found[name])} [{_number(spread['intervals'][name][0], name == 'size')}, "
+             f"{_number(spread['intervals'][name][1], name == 'size')}]" for name, label in names.items()
              if spread["intervals"].get(name) is not None]
     stable = spread["stable"]
     share = spread["node_share"]
@@ -167,5 +167,7 @@ def bootstrap_html(circuit: dict[str, Any]) -> str:
     return f"<p class='bootstrap'>{html.escape(text)}</p>"
 
 
-def _number(value: Any) -> str:
-    return "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
+def _number(value: Any, count: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:g}" if count else f"{value:.2f}" if isinstance(value, float) else str(value)
