@@ -44,17 +44,20 @@ def _add_pair_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", type=int, default=64, help="counterfactual pairs the circuit is found on (default 64, "
                                                          "as analyze)")
     p.add_argument("--seed", type=int, default=0, help="seed of the pairs (default 0, as analyze)")
+    p.add_argument("--no-edges", action="store_true", help="heads only, no path patching (fast on deep models): no "
+                                                           "edge scores, every edge between kept heads in the circuit")
 
 
-def _measured_files(run_dir: Path, pairs: int, seed: int) -> dict[str, dict[str, Any]]:
+def _measured_files(run_dir: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     from interp.circuit_compare import measure_run_circuit, mib_files
     from models.runs import load_run
 
-    if pairs < 2:
-        raise ConfigError(f"--pairs {pairs}: give 2 or more pairs")
+    if args.pairs < 2:
+        raise ConfigError(f"--pairs {args.pairs}: give 2 or more pairs")
     run = load_run(run_dir)
-    measured, description = measure_run_circuit(run, pairs, seed)
-    meta = {"run": str(run_dir), "task": run.config.task.name, "pairs": description, "n_pairs": pairs, "seed": seed,
+    measured, description = measure_run_circuit(run, args.pairs, args.seed, edges=not args.no_edges)
+    meta = {"run": str(run_dir), "task": run.config.task.name, "pairs": description, "n_pairs": args.pairs,
+            "seed": args.seed, "edges_scored": bool(measured.edge_scores),
             "weights": None if run.weights is None else dict(run.weights.to_dict())}
     try:
         return mib_files(measured, meta)
@@ -65,7 +68,7 @@ def _measured_files(run_dir: Path, pairs: int, seed: int) -> dict[str, dict[str,
 def _cmd_export(args: argparse.Namespace) -> int:
     from interp.mib import write_mib
 
-    files = _measured_files(args.run_dir, args.pairs, args.seed)
+    files = _measured_files(args.run_dir, args)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         write_mib(args.out / name, data)
@@ -74,16 +77,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
     print(f"{args.run_dir}: {meta['heads_in_graph']} heads and {meta['scored_edges_in_graph']} scored edges in the "
           f"circuit (faithfulness {meta['faithfulness']}); MIB graph of {meta['nodes']} nodes and {meta['edges']} edges "
           f"({meta['unscored_edges']} unscored: from the input or MLPs, or into MLPs)")
-    print(f"wrote {args.out / 'circuit.json'} ({size / 1024:.1f} KiB) and {len(files) - 1} edge-budget files in {args.out}")
+    budgets = f"{len(files) - 1} edge-budget files" if len(files) > 1 else "no edge-budget files (no edge scores)"
+    print(f"wrote {args.out / 'circuit.json'} ({size / 1024:.1f} KiB) and {budgets} in {args.out}")
     return 0
 
 
-def _circuit_of(path: Path, pairs: int, seed: int) -> dict[str, Any]:
+def _circuit_of(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """A MIB file from a run folder (measured), a circuit-export folder or a file."""
     from interp.mib import read_mib
 
     if path.is_dir() and (path / "model.safetensors").exists():
-        return _measured_files(path, pairs, seed)["circuit.json"]
+        return _measured_files(path, args)["circuit.json"]
     target = path / "circuit.json" if path.is_dir() else path
     if not target.is_file():
         raise ConfigError(f"{path} is neither a run folder with model.safetensors, a circuit-export folder (circuit.json) "
@@ -97,7 +101,7 @@ def _circuit_of(path: Path, pairs: int, seed: int) -> dict[str, Any]:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from interp.circuit_compare import compare_circuits, comparison_lines
 
-    a, b = (_circuit_of(path, args.pairs, args.seed) for path in (args.a, args.b))
+    a, b = (_circuit_of(path, args) for path in (args.a, args.b))
     try:
         result = compare_circuits(a, b)
     except ValueError as err:

@@ -34,13 +34,14 @@ from interp.patching import logit_diff_metric, spearman
 from models.runs import LoadedRun
 
 
-def measure_run_circuit(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> tuple[MeasuredCircuit, str]:
+def measure_run_circuit(run: LoadedRun, n_pairs: int = 64, seed: int = 0, edges: bool = True
+                        ) -> tuple[MeasuredCircuit, str]:
     """The run's circuit on the task's counterfactual pairs, as `workbench analyze` finds it, and
-    what the pairs are."""
+    what the pairs are; without `edges`, its heads only (no path patching: no edge scores)."""
     clean, corrupted, slot, description = counterfactual_pairs(run.task, n_pairs, seed, run.model)
     metric = logit_diff_metric(clean, corrupted, label_index=slot)
     device = next(run.model.parameters()).device
-    return circuit_on_pairs(run.model, clean.tokens.to(device), corrupted.tokens.to(device), metric), description
+    return circuit_on_pairs(run.model, clean.tokens.to(device), corrupted.tokens.to(device), metric, edges), description
 
 
 def pct_name(pct: float) -> str:

@@ -41,6 +41,13 @@ def test_export_writes_the_circuit_analyze_finds_and_compare_reads_it_back(tmp_p
     assert "different shapes" in capsys.readouterr().err
     assert main(["circuit-compare", str(out / "circuit.json"), str(tmp_path)]) == 2  # neither run nor circuit
 
+    heads_only = tmp_path / "heads"
+    assert main(["circuit-export", str(COMPOSITE), "--out", str(heads_only), "--no-edges"]) == 0
+    assert [p.name for p in heads_only.iterdir()] == ["circuit.json"]  # no scores: no edge budgets
+    data = read_mib(heads_only / "circuit.json")
+    assert not data["meta"]["edges_scored"] and sorted(mib_circuit(data)["heads"]) == sorted(analysed.nodes)
+    assert all(edge["score"] == 0.0 for edge in data["edges"].values())
+
 
 def test_analyze_bootstrap_stores_the_spread_and_the_report_shows_the_stable_core(tmp_path, capsys):
     run = tmp_path / "run"
