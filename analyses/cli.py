@@ -16,6 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
+from analyses.circuit_cmd import add_circuit_commands
 from tasks import ConfigError
 
 EXIT_UNEXPECTED, EXIT_CONFIG, EXIT_DIVERGED, EXIT_WRITE = 1, 2, 3, 4
@@ -176,6 +177,9 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--timeline", action="store_true",
                          help="instead: the verdict, head labels, exact head patching, the circuit (nodes) and the "
                               "probes at every snapshot of the run's weights, as timeline.json and a report section")
+    analyze.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                         help="also find the circuit again on N resamples of the pairs: intervals and the stable core "
+                              "(default 0: none; each resample costs what the circuit costs)")
     analyze.add_argument("--no-progress", action="store_true", help="no progress bar (with --timeline)")
     analyze.set_defaults(run=_cmd_analyze)
 
@@ -262,6 +266,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="instead: training time and disk with the default snapshots against none (lego-cpu, "
                             "composite-matched), side by side")
     bench.set_defaults(run=_cmd_benchmark)
+    add_circuit_commands(sub)  # circuit-export, circuit-compare (analyses/circuit_cmd.py)
     return parser
 
 
@@ -463,11 +468,14 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         check_memory(cfg, make_task(cfg.task), device, purpose="analyze", n_samples=args.samples)
     except ConfigError as err:
         raise ConfigError(f"{args.run_dir / 'config.json'}: {err}") from None
+    bootstrap = getattr(args, "bootstrap", 0)
+    if bootstrap and (bootstrap < 2 or getattr(args, "timeline", False)):
+        raise ConfigError(f"--bootstrap {bootstrap}: give 2 or more resamples, and not with --timeline")
     if getattr(args, "timeline", False):
         return _analyze_timeline(args, device)
     with run_lock(args.run_dir):  # a folder in training is refused, naming the trainer; nothing it writes is overwritten
         run = load_run(args.run_dir, device=device)
-        analysis = analyze_run(run, n_samples=args.samples, seed=args.seed, device=device)
+        analysis = analyze_run(run, n_samples=args.samples, seed=args.seed, device=device, bootstrap=bootstrap)
         json_path = write_analysis(run, analysis)
         report_path = write_run_report(run, analysis=analysis)
     print(task_analysis(analysis.task).headline(analysis.verdict))

@@ -30,6 +30,7 @@ from transformer_lens import HookedTransformer
 from interp.atp import Judged, judge_estimates
 from interp.attention import HeadScores, classify_heads
 from interp.circuit import Circuit, find_circuit, head_name
+from interp.circuit_spread import bootstrap_circuit
 from interp.head_evidence import HeadEvidence, PairSet, ShareProbe, head_evidence
 from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual, spearman
 from interp.paths import PathPatchResult, check_path_patchable, path_patch
@@ -64,6 +65,7 @@ class PatchingAnalysis:
     paths: PathPatchResult | None  # None where path patching refused the model
     paths_refused: str | None  # why, or None
     circuit: Circuit
+    bootstrap: dict[str, Any] | None = None  # the circuit on resampled pairs (interp.circuit_spread), where asked for
 
     def to_dict(self) -> dict[str, Any]:
         attribution = self.estimates["atp"]
@@ -77,7 +79,8 @@ class PatchingAnalysis:
             "heads_attribution_spearman": spearman if math.isfinite(spearman) else None,
             "heads_attribution_verified": _verified(attribution),
             "heads_estimates_verified": {name: _verified(one, with_spearman=True) for name, one in self.estimates.items()},
-            "paths": {"strongest": strongest, "refused": self.paths_refused, "circuit": self.circuit.to_dict()},
+            "paths": {"strongest": strongest, "refused": self.paths_refused, "circuit": {
+                **self.circuit.to_dict(), **({} if self.bootstrap is None else {"bootstrap": self.bootstrap})}},
         }
 
 
@@ -228,7 +231,9 @@ def _deepest_fitted_slot(model: HookedTransformer | None, batch: Batch, supervis
     return (fitted or supervised)[-1]
 
 
-def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> PatchingAnalysis:
+def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0, bootstrap: int = 0) -> PatchingAnalysis:
+    """Exact, attribution and path patching on the task's pairs, and the circuit; with `bootstrap`
+    > 0, the circuit found again on that many resamples of the pairs (interp.circuit_spread)."""
     clean, corrupted, slot, description = counterfactual_pairs(run.task, n_pairs, seed, run.model)
     metric = logit_diff_metric(clean, corrupted, label_index=slot)
     device = next(run.model.parameters()).device
@@ -246,15 +251,17 @@ def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0) -> Patch
         judge_estimates(*args, "head", heads, ig_steps=4),
         # path patching's edges, and the circuit they draw between the fewest heads keeping 90%, with every larger
         # set too (rule "stays", interp/circuit.py)
-        paths, refused, find_circuit(*args, heads.values, paths))
+        paths, refused, find_circuit(*args, heads.values, paths),
+        bootstrap_circuit(*args, n_resamples=bootstrap, seed=seed, edges=paths is not None) if bootstrap else None)
 
 
 def analyze_run(
-    run: LoadedRun, n_samples: int = 512, seed: int = 0, device: str | torch.device | None = None
+    run: LoadedRun, n_samples: int = 512, seed: int = 0, device: str | torch.device | None = None, bootstrap: int = 0
 ) -> RunAnalysis:
     """Everything the report shows. `device`: where the model runs (it is moved there, and every
     step moves the batches it samples on the CPU to it); None: where `run.model` already is
-    (`load_run(..., device)`). `to_dict` gives the same plain values whatever the device."""
+    (`load_run(..., device)`). `to_dict` gives the same plain values whatever the device.
+    `bootstrap`: resamples of the pairs the circuit is found again on (0: none)."""
     if device is not None:
         run.model.to(device, print_details=False)
     started = time.perf_counter()
@@ -262,7 +269,7 @@ def analyze_run(
     tokens = run.task.sample(n_samples, seeded_generator(seed), split="test").tokens
     heads = classify_heads(run.model, run.task, tokens)
     planted = dict(run.config.model.planted)  # hardcoded heads, not learned
-    patching = patching_analysis(run, seed=seed)
+    patching = patching_analysis(run, seed=seed, bootstrap=bootstrap)
     if steps.share_probe is not None:
         evidence = head_evidence(run.model, heads, steps.share_probe(run, seed), task=run.task)
     else:  # the patching section's own pairs, whose per-head sweep is already measured

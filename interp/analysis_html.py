@@ -9,6 +9,7 @@ from typing import Any
 from interp import plots
 from interp.analysis import task_analysis
 from interp.circuit import circuit_svg
+from interp.circuit_spread import bootstrap_html
 from interp.head_evidence import head_evidence_html
 from interp.report import Report, figure_html, table_html
 from interp.report_format import effect, evidence_html, has_rank_correlation, rank_correlation
@@ -121,7 +122,7 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
             f"corrupted input); heads join by |exact patching effect|, and the circuit is {html.escape(chosen)}."
             f"{html.escape(cross)} "
             f"{html.escape(_edges_sentence(circuit))}</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
-            + _curve_html(circuit) + _areas_html(circuit["areas"]))
+            + _curve_html(circuit) + _areas_html(circuit["areas"]) + bootstrap_html(circuit))
 
 
 def _curve_html(circuit: dict[str, Any]) -> str:
