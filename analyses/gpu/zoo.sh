@@ -25,20 +25,19 @@ for name in "${names[@]}"; do
   echo "started $name (pid $!)"
 done
 stopped=0
-while :; do
-  alive=0
-  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-  [ "$alive" -eq 0 ] && break
+while [ -n "$(jobs -pr)" ]; do  # the builds still running
   if [ "$deadline" -gt 0 ] && [ $(( $(date +%s) - start )) -ge "$deadline" ]; then
-    echo "deadline: stopping at $(( $(date +%s) - start )) s"
-    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    echo "deadline: stopping the builds at $(( $(date +%s) - start )) s"
+    kill -TERM $(jobs -pr) 2>/dev/null
     stopped=1
     break
   fi
   sleep 5
 done
 failed=0
-for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-for name in "${names[@]}"; do echo "== $name: $(tail -n 1 "runs/zoo-stages/$name.log")"; done
-if [ "$stopped" = 1 ]; then echo "stopped at the deadline: run again to resume"; exit 3; fi
-if [ "$failed" = 1 ]; then echo "a build failed: see its log in runs/zoo-stages"; exit 1; fi
+for i in "${!names[@]}"; do
+  wait "${pids[$i]}" || failed=1
+  echo "== ${names[$i]}: $(tail -n 1 "runs/zoo-stages/${names[$i]}.log")"
+done
+[ "$stopped" = 0 ] || { echo "stopped at the deadline: run again to resume"; exit 3; }
+[ "$failed" = 0 ] || { echo "a build failed: see its log in runs/zoo-stages"; exit 1; }
