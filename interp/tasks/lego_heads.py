@@ -22,13 +22,8 @@ def hop_probe(run: LoadedRun, seed: int = 0, n_pairs: int = 64) -> ShareProbe:
     set); ValueError where fewer than three variables are supervised (no hop to patch)."""
     supervised = [slot for slot, kept in enumerate(run.task.supervised_slots()) if kept]
     last = max(supervised)
-    sets = []
-    for depth in range(1, last):
-        for variable in range(depth + 1, last + 1):
-            gen = seeded_generator(seed + 1)
-            clean = run.task.sample(n_pairs, gen, split="test", aligned=True)
-            corrupted, _ = run.task.corrupt(clean, gen, depth=depth)
-            sets.append(PairSet(clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, label_index=variable)))
+    sets = [hop_pairs(run, depth, variable, n_pairs, seed + 1)
+            for depth in range(1, last) for variable in range(depth + 1, last + 1)]
     if not sets:
         raise ValueError(f"{run.path} supervises fewer than three variables: no hop to patch")
     return ShareProbe(sets, f"group element at depth d flipped, metric at #v, for every 1 <= d < v <= {last}: "
@@ -44,14 +39,18 @@ def lego_share_probe(run: LoadedRun, seed: int = 0) -> ShareProbe:
     return hop_probe(run, seed) if supervised >= 3 else default_share_probe(run, seed)
 
 
-def hop_effects(run: LoadedRun, depth: int, variable: int, n_pairs: int = 64, seed: int = 1):
-    """[layer, head]: exact head patching, normalised, for flipping the group element at chain
-    depth `depth` and reading `variable` (aligned test sentences drawn from `seed`): one set of
-    `hop_probe`, alone."""
-    from interp.patching import patch_head_out
-
+def hop_pairs(run: LoadedRun, depth: int, variable: int, n_pairs: int, seed: int) -> PairSet:
+    """`n_pairs` aligned test sentences drawn from `seed`, each beside its twin with the group
+    element at chain depth `depth` flipped, and the logit difference at `variable`."""
     gen = seeded_generator(seed)
     clean = run.task.sample(n_pairs, gen, split="test", aligned=True)
     corrupted, _ = run.task.corrupt(clean, gen, depth=depth)
-    metric = logit_diff_metric(clean, corrupted, label_index=variable)
-    return patch_head_out(run.model, clean.tokens, corrupted.tokens, metric).values
+    return PairSet(clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, label_index=variable))
+
+
+def hop_effects(run: LoadedRun, depth: int, variable: int, n_pairs: int = 64, seed: int = 1):
+    """[layer, head]: exact head patching, normalised, on one set of `hop_probe` (`hop_pairs`), alone."""
+    from interp.patching import patch_head_out
+
+    pairs = hop_pairs(run, depth, variable, n_pairs, seed)
+    return patch_head_out(run.model, pairs.clean, pairs.corrupted, pairs.metric).values
