@@ -238,7 +238,8 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     from interp.patching import PatchResult
     from interp.run_report import build_run_report
     from interp.tasks.composite import CompositeProbeMap, CompositeVerdict
-    from interp.tasks.lego import LegoVerdict, ProbeMap
+    from interp.tasks.lego_probes import ProbeMap
+    from interp.tasks.lego_verdict import LegoVerdict
     from interp.tasks.templates import TemplatesVerdict
     from models.runs import load_run
 
