@@ -156,7 +156,8 @@ class OutsideAnalysis:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for `json.dumps` (NaN as None)."""
-        pairs = [{**named, "clean_ids": clean, "corrupted_ids": corrupted, "answer_id": int(a), "wrong_answer_id": int(w)}
+        pairs = [{**named, "clean_ids": clean, "corrupted_ids": corrupted, "answer_id": int(a),
+                  "wrong_answer_id": int(w)}
                  for named, clean, corrupted, a, w in zip(self.prompts, self.pairs.clean.tolist(),
                                                           self.pairs.corrupted.tolist(), self.pairs.answers,
                                                           self.pairs.wrong_answers)]
@@ -184,7 +185,8 @@ class OutsideAnalysis:
         join = "" if self.model.get("tokenizer") else " "
         rows = [[i, join.join(p["clean"]), join.join(p["corrupted"]), p["answer"], p["wrong_answer"]]
                 for i, p in enumerate(self.prompts[:20])]
-        report.add("Model and prompts", f"<p>{html.escape(_model_line(self.model))}. Metric: {html.escape(self.metric)}. "
+        report.add("Model and prompts", f"<p>{html.escape(_model_line(self.model))}. Metric: "
+                                        f"{html.escape(self.metric)}. "
                    f"{len(self.pairs)} pairs (the first {len(rows)} below); analysed in {self.seconds:.1f} s.</p>"
                    + table_html(rows, ["pair", "clean", "corrupted", "answer", "wrong answer"]))
         n_layers, n_heads = self.patterns.shape[:2]
@@ -197,7 +199,8 @@ class OutsideAnalysis:
         note = f" Not measurable on these prompts (no query can show it): {', '.join(unseen)}." if unseen else ""
         report.add("Head scores", f"<p>Attention mass on each kind's targets relative to uniform attention (0 = "
                    f"uniform, 1 = all of it), on the clean and corrupted prompts.{html.escape(note)} Thresholds: "
-                   f"{html.escape(evidence_text(heads['thresholds'], 2))} (induction's calibrated on a hand-set induction head).</p>"
+                   f"{html.escape(evidence_text(heads['thresholds'], 2))} (induction's calibrated on a hand-set "
+                   "induction head).</p>"
                    + figure_html(self.head_score_figure(), "Score per kind; * marks each head's label.")
                    + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])],
                                 ["layer", *[f"H{h}" for h in range(n_heads)]]))
@@ -293,7 +296,8 @@ def analyze_model(
     names = model if getattr(model, "tokenizer", None) is not None else None
     prompts = [{"clean": pairs.token_strings(c, names), "corrupted": pairs.token_strings(k, names),
                 "answer": pairs.token_strings([a], names)[0], "wrong_answer": pairs.token_strings([w], names)[0]}
-               for c, k, a, w in zip(pairs.clean, pairs.corrupted, pairs.answers.tolist(), pairs.wrong_answers.tolist())]
+               for c, k, a, w in zip(pairs.clean, pairs.corrupted, pairs.answers.tolist(),
+                                     pairs.wrong_answers.tolist())]
     description = f"{len(pairs)} pairs of your prompts; metric: {metric_name}"
     patching = PatchingAnalysis(description, len(pairs), prompts[0]["clean"], residual, heads, estimates, paths,
                                 refused, circuit)

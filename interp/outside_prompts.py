@@ -79,7 +79,8 @@ class PromptPairs:
         if same:
             raise ValueError(f"pair(s) {same[:5]} have the same answer and wrong answer; the metric compares the "
                              "two, so they must differ in every pair")
-        negative = [name for name in ("clean", "corrupted", "answers", "wrong_answers") if (getattr(self, name) < 0).any()]
+        negative = [name for name in ("clean", "corrupted", "answers", "wrong_answers")
+                    if (getattr(self, name) < 0).any()]
         if negative:
             raise ValueError(f"PromptPairs.{negative[0]} holds a negative token id; token ids start at 0")
 
@@ -170,7 +171,8 @@ class PromptPairs:
         """ValueError unless every id is in the model's vocabulary and the prompts fit its context."""
         cfg = model.cfg
         for name, ids, size in (("clean", self.clean, cfg.d_vocab), ("corrupted", self.corrupted, cfg.d_vocab),
-                                ("answers", self.answers, cfg.d_vocab_out), ("wrong_answers", self.wrong_answers, cfg.d_vocab_out)):
+                                ("answers", self.answers, cfg.d_vocab_out),
+                                ("wrong_answers", self.wrong_answers, cfg.d_vocab_out)):
             bad = (ids >= size).nonzero()
             if len(bad):
                 where = bad[0].tolist()
@@ -180,7 +182,8 @@ class PromptPairs:
                                  f"vocabulary 0..{size - 1} ({'d_vocab' if size == cfg.d_vocab else 'd_vocab_out'}): "
                                  f"{place}")
         if self.clean.shape[1] > cfg.n_ctx:
-            raise ValueError(f"the prompts have {self.clean.shape[1]} tokens but the model's context is n_ctx={cfg.n_ctx}")
+            raise ValueError(f"the prompts have {self.clean.shape[1]} tokens but the model's context is "
+                             f"n_ctx={cfg.n_ctx}")
 
     def batches(self) -> tuple[Batch, Batch]:
         """The pairs as the project's `Batch` twins: one label slot, read at the last position;
@@ -265,8 +268,9 @@ class _Encoder:
             return self.index[answer.strip()]
         ids = self.model.to_tokens(answer, prepend_bos=False)[0].tolist()
         if len(ids) != 1:
-            raise ValueError(f"{where}: {answer!r} is {len(ids)} tokens {self.model.to_str_tokens(answer, prepend_bos=False)}; "
-                             "an answer must be one token (mind the leading space: ' Mary', not 'Mary')")
+            raise ValueError(f"{where}: {answer!r} is {len(ids)} tokens "
+                             f"{self.model.to_str_tokens(answer, prepend_bos=False)}; an answer must be one token "
+                             "(mind the leading space: ' Mary', not 'Mary')")
         return ids[0]
 
     def show(self, ids: list[int]) -> str:

@@ -88,12 +88,14 @@ def last_variable_evidence_html(evidence: dict[str, Any]) -> str:
         return "<p>No evidence: the model did not train.</p>"
     parts = [figure_html(plots.heatmap(evidence["probe_accuracy"], "chain depth", "layer", "probe accuracy",
                                        evidence["depth_names"], vmin=0.5, vmax=1.0, cmap="viridis"),
-                         f"First layer reaching 95% per depth: {', '.join(map(or_never, evidence['probe_first_layer']))}. A last variable "
-                         "readable before the middle ones points to a shortcut rather than following the chain.")]
+                         "First layer reaching 95% per depth: "
+                         f"{', '.join(map(or_never, evidence['probe_first_layer']))}. A last variable readable before "
+                         "the middle ones points to a shortcut rather than following the chain.")]
     for slot, values in evidence["head_patching"].items():
         parts.append(figure_html(plots.heatmap(values, "head", "layer", f"head-output patching, metric at {slot}",
-                                               vmin=-1.0, vmax=1.0), f"Clean head output patched into the corrupted run "
-                                               f"(root flipped); 1 = restores the clean answer at {slot}."))
+                                               vmin=-1.0, vmax=1.0),
+                                 f"Clean head output patched into the corrupted run (root flipped); 1 = restores the "
+                                 f"clean answer at {slot}."))
     for slot, values in evidence.get("sign_attention", {}).items():
         parts.append(figure_html(plots.heatmap(values, "head", "layer", f"attention from {slot} to group elements",
                                                vmin=0.0, vmax=1.0, cmap="viridis"),
@@ -151,7 +153,8 @@ def _lego_probes_html(probes: dict[str, Any]) -> str:
                         probes["depth_names"], 0.0, 1.0, "viridis")
     note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
             f"{', '.join(map(or_never, probes['first_layer']))}; {percolation_summary(probes['first_layer'])}.")
-    return figure_html(fig, "Linear probe accuracy for each variable's value at its own token.") + f"<p>{html.escape(note)}</p>"
+    caption = "Linear probe accuracy for each variable's value at its own token."
+    return figure_html(fig, caption) + f"<p>{html.escape(note)}</p>"
 
 
 def parity_rules_section(rules: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
@@ -161,12 +164,14 @@ def parity_rules_section(rules: dict[str, list[dict[str, Any]]]) -> tuple[str, s
     table = table_html(
         [[n, *[f"{r['rule']} ({r['agreement']:.2f})" for r in model_rules]] for n, model_rules in rules.items()],
         ["model", *[f"#{i}" for i in range(n_vars)]])
-    return "What each model computes (parity rules)", table + ("<p>Per variable, the parity of root value x0 and chain elements g0, g1, ... that the model's "
-                    "test answers agree with most (share in brackets; <code>interp.tasks.lego.lego_parity_rules</code>). "
-                    "The true value of #k is x0 + g0 + ... + gk.</p>")
+    how = ("<p>Per variable, the parity of root value x0 and chain elements g0, g1, ... that the model's test "
+           "answers agree with most (share in brackets; <code>interp.tasks.lego.lego_parity_rules</code>). The true "
+           "value of #k is x0 + g0 + ... + gk.</p>")
+    return "What each model computes (parity rules)", table + how
 
 
-def lego_accuracy_figure(table: dict[str, list[float]], supervised: list[bool], title: str, chance: float) -> plt.Figure:
+def lego_accuracy_figure(table: dict[str, list[float]], supervised: list[bool], title: str,
+                         chance: float) -> plt.Figure:
     """Final test accuracy per variable (chain order), one line per model (the paper's Figure 3 end point)."""
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for name, acc in table.items():

@@ -89,7 +89,8 @@ def hop_pull(model: HookedTransformer, task: LegoTask, batch: Batch, variable: i
         return value
 
     hooks = [hook for layer in range(model.cfg.n_layers) for hook in
-             [(f"blocks.{layer}.attn.hook_attn_scores", keep_scores), (f"blocks.{layer}.attn.hook_pattern", keep_pattern)]]
+             [(f"blocks.{layer}.attn.hook_attn_scores", keep_scores),
+              (f"blocks.{layer}.attn.hook_pattern", keep_pattern)]]
     with torch.enable_grad():
         logits = model.run_with_hooks(batch.tokens, fwd_hooks=hooks)
         picked = logits_at_labels(logits, batch.label_pos)[:, variable]

@@ -25,7 +25,8 @@ MIN_PERCOLATION_DEPTHS = 3  # resolved depths a slope is fitted on: through two,
 # Probes: information percolation along the chain
 
 
-def first_layer_reaching(accuracy: Float[Tensor, "layer depth"], threshold: float = FIRST_REACH_THRESHOLD) -> list[int | None]:
+def first_layer_reaching(accuracy: Float[Tensor, "layer depth"],
+                         threshold: float = FIRST_REACH_THRESHOLD) -> list[int | None]:
     """Per depth, the first layer whose probe accuracy is at least `threshold` (None if none)."""
     reached = accuracy >= threshold
     first = reached.float().argmax(0).tolist()
@@ -62,7 +63,8 @@ def percolation_summary(first_layers: list[int | None]) -> str:
         return (f"no percolation slope: {n} of {total} depths resolved (reach the threshold); "
                 f"a slope needs >= {MIN_PERCOLATION_DEPTHS}")
     fit = "n/a, every resolved depth first reaches it at the same layer" if linearity is None else f"{linearity:.2f}"
-    return f"percolation slope {slope:.2f} layers per reasoning step (R^2 {fit}), fitted on {n} of {total} resolved depths"
+    return (f"percolation slope {slope:.2f} layers per reasoning step (R^2 {fit}), fitted on {n} of {total} "
+            "resolved depths")
 
 
 @dataclass
@@ -88,7 +90,8 @@ class ProbeMap:
         return {
             "accuracy": rounded(self.accuracy), "train_accuracy": rounded(self.train_accuracy),
             "layer_names": self.layer_names, "depth_names": self.depth_names, "chance": self.chance,
-            "majority": [round(m, 4) for m in self.majority], "threshold": self.threshold, "first_layer": self.first_layer, "slope": self.slope,
+            "majority": [round(m, 4) for m in self.majority], "threshold": self.threshold,
+            "first_layer": self.first_layer, "slope": self.slope,
             "linearity": self.linearity, "resolved_depths": resolved_depths(self.first_layer),
             "n_train": self.n_train, "n_test": self.n_test,
             "method": self.method, "seconds": round(self.seconds, 3),

@@ -45,7 +45,8 @@ class LegoVerdict:
         return without_unset(data, ("parity_rules", "circuit_chain", "findings_from_circuit"))
 
 
-def lego_verdict(model: HookedTransformer, task: LegoTask, metrics: list[dict[str, Any]], n: int = 2000, seed: int = 0) -> LegoVerdict:
+def lego_verdict(model: HookedTransformer, task: LegoTask, metrics: list[dict[str, Any]], n: int = 2000,
+                 seed: int = 0) -> LegoVerdict:
     """Accuracy per variable, extrapolation, and the order in which variables were learned."""
     batch = task.sample(n, seeded_generator(seed), split="test")
     correct = predictions(model, batch) == batch.labels
@@ -56,7 +57,8 @@ def lego_verdict(model: HookedTransformer, task: LegoTask, metrics: list[dict[st
     gap = sum(sup) / len(sup) - sum(unsup) / len(unsup) if sup and unsup else None
     learned = learned_steps(metrics, len(acc))
     shortcut = last_learned_before_middle(learned)
-    verdict = LegoVerdict([round(a, 4) for a in acc], supervised, None if gap is None else round(gap, 4), learned, shortcut)
+    verdict = LegoVerdict([round(a, 4) for a in acc], supervised, None if gap is None else round(gap, 4), learned,
+                          shortcut)
     verdict.findings = _verdict_lines(verdict)
     return verdict
 
@@ -112,7 +114,8 @@ class ParityRule:
 
     def summary(self) -> dict[str, Any]:
         """The rule as JSON: its text, agreement, the model's accuracy, and whether it is the chain's."""
-        return {"rule": self.describe(), "agreement": self.agreement, "accuracy": self.accuracy, "true": self.is_true_rule}
+        return {"rule": self.describe(), "agreement": self.agreement, "accuracy": self.accuracy,
+                "true": self.is_true_rule}
 
 
 @torch.no_grad()
