@@ -70,8 +70,9 @@ from tests.integration.hostile_damage import (
     under,
 )
 
-TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=20", "--set", "train.eval_every=5",
-        "--set", "train.checkpoint_every=10", "--set", "train.eval_size=64", "--no-progress"]
+TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=20",
+        "--set", "train.eval_every=5", "--set", "train.checkpoint_every=10", "--set", "train.eval_size=64",
+        "--no-progress"]
 FOREIGN_LOCK = b"someone else's file\n"
 ZOO_ENTRY = "composite-symmetric"
 SWEEP_CELL = "seed=0"  # the one cell of `--grid train.seed=0`, the base run's own config
@@ -83,7 +84,8 @@ SNAPSHOT_INDEX, FIRST_SNAPSHOT = "snapshots/index.json", "snapshots/step-0000000
 # issue 43: special files, sizes beyond a kind's limit, numbers beyond a value's, a killed writer's temp files
 SPECIAL_FILES = ["fifo", "devzero", "socket"]
 RUN_FILES_AND_LOCK = [CONFIG, METRICS, WEIGHTS, TRAIN_STATE, LOCK]
-LOCKERS = {"resume", "resume-partial", "analyze", "report", "sweep"}  # commands that lock the run folder (a finished one too)
+# commands that lock the run folder (a finished one too)
+LOCKERS = {"resume", "resume-partial", "analyze", "report", "sweep"}
 
 
 @dataclass(frozen=True)
@@ -149,16 +151,20 @@ PLAN = {
                TRAIN_STATE: ["flip-weights", "directory"], METRICS: ["truncated", "deep"], ANALYSIS: JSON_DAMAGE},
     "sweep": {CONFIG: ["dup-key"], WEIGHTS: ["flip-data", "symlink", "directory"], TRAIN_STATE: ["truncated"],
               METRICS: ["bitflip"]},
-    "curriculum": {f"1/{CONFIG}": ["dup-key"], f"1/{WEIGHTS}": ["flip-data", "directory"], f"2/{TRAIN_STATE}": ["truncated"]},
+    "curriculum": {f"1/{CONFIG}": ["dup-key"], f"1/{WEIGHTS}": ["flip-data", "directory"],
+                   f"2/{TRAIN_STATE}": ["truncated"]},
     "zoo": {CONFIG: ["deleted", "truncated", "directory", "dup-key", "deep"], WEIGHTS: SAFETENSORS_DAMAGE},
-    "benchmark": {CONFIG: ["dup-key"], WEIGHTS: ["deleted", "flip-data"], TRAIN_STATE: ["truncated"], METRICS: ["directory"]},
+    "benchmark": {CONFIG: ["dup-key"], WEIGHTS: ["deleted", "flip-data"], TRAIN_STATE: ["truncated"],
+                  METRICS: ["directory"]},
 }
 PREFIX = {"sweep": f"{SWEEP_CELL}/", "zoo": f"{ZOO_ENTRY}/"}  # where the run sits inside the command's folder
 
 # rows that are not a damaged file: a foreign lock link, a read-only folder, a write that fails
 SPECIAL = [
-    *[Row(command, LOCK, "symlink-foreign", 2, ("{file}",)) for command in ("train", "resume", "analyze", "report", "sweep")],
-    *[Row(command, "", "read-only", 4, ("{folder}", "Permission denied")) for command in ("train", "resume", "analyze", "report", "sweep")],
+    *[Row(command, LOCK, "symlink-foreign", 2, ("{file}",))
+      for command in ("train", "resume", "analyze", "report", "sweep")],
+    *[Row(command, "", "read-only", 4, ("{folder}", "Permission denied"))
+      for command in ("train", "resume", "analyze", "report", "sweep")],
     Row("zoo", "", "read-only", 0, ()),  # a listing writes nothing
     Row("curriculum", "1", "read-only+weights-deleted", 4, ("{folder}", "Permission denied")),
     Row("train", WEIGHTS, "ENOSPC", 4, ("{file}", "No space left on device")),
@@ -174,11 +180,13 @@ SPECIAL = [
 
 # issue 43's rows, generated: every command against each class of damage
 ALL_COMMANDS = ["train", "resume", "analyze", "report", "sweep", "zoo", "benchmark"]
-PLAN = {command: {name: list(damages) for name, damages in files.items()} for command, files in PLAN.items()}  # own lists
+# own lists
+PLAN = {command: {name: list(damages) for name, damages in files.items()} for command, files in PLAN.items()}
 for command in ALL_COMMANDS:
     files = PLAN.setdefault(command, {})
     for name in ([CONFIG, WEIGHTS] if command == "zoo" else RUN_FILES_AND_LOCK):
-        files.setdefault(name, []).extend(["fifo", "devzero"] if command in ("train", "zoo", "benchmark") else SPECIAL_FILES)
+        files.setdefault(name, []).extend(["fifo", "devzero"] if command in ("train", "zoo", "benchmark")
+                                          else SPECIAL_FILES)
     for name in ([CONFIG, WEIGHTS] if command == "zoo" else [CONFIG, METRICS, WEIGHTS, TRAIN_STATE]):
         files.setdefault(name, []).append("huge")
     files.setdefault(CONFIG, []).extend(["long-int", "float-overflow"])
@@ -187,7 +195,8 @@ for command in ALL_COMMANDS:
     files.setdefault(CONFIG if command == "zoo" else WEIGHTS, []).append("temp-left")
 for name in (f"1/{CONFIG}", f"1/{WEIGHTS}", f"2/{TRAIN_STATE}", f"2/{LOCK}"):
     PLAN["curriculum"].setdefault(name, []).extend(["fifo", "devzero"])
-PLAN["resume-partial"].update({METRICS: ["fifo", "huge", "temp-left"], TRAIN_STATE: ["flip-rng", "flip-weights", "fifo", "devzero"]})
+PLAN["resume-partial"].update({METRICS: ["fifo", "huge", "temp-left"],
+                               TRAIN_STATE: ["flip-rng", "flip-weights", "fifo", "devzero"]})
 for command in ("analyze", "report"):
     PLAN[command].setdefault(ANALYSIS, []).append("temp-left")
 
@@ -286,12 +295,14 @@ def _setup(row: Row, tmp: Path, request) -> tuple[Path, list[str]]:
     if command == "curriculum":
         root = tmp / "course"
         _copy_course(request.getfixturevalue("base_course"), root)
-        request.getfixturevalue("monkeypatch").setitem(models.curriculum.CURRICULA, TINY_CURRICULUM.name, TINY_CURRICULUM)
+        request.getfixturevalue("monkeypatch").setitem(models.curriculum.CURRICULA, TINY_CURRICULUM.name,
+                                                       TINY_CURRICULUM)
         return root, ["curriculum", TINY_CURRICULUM.name, "--out", str(root), "--no-progress"]
     if command == "sweep":
         root = tmp / "sweep"
         shutil.copytree(request.getfixturevalue("base_run"), root / SWEEP_CELL)
-        return root, ["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0", "--out", str(root), "--workers", "1", *TINY]
+        return root, ["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0", "--out", str(root),
+                      "--workers", "1", *TINY]
     root = tmp / "run"
     if command == "train" and (row.damage.startswith("ENOSPC") or row.file == LOCK and row.damage == "symlink-foreign"
                                or row.damage in ("read-only", "temp-only")):
@@ -333,7 +344,8 @@ def test_hostile(row: Row, tmp_path, capsys, monkeypatch, request):
             path = path / WEIGHTS
             stack.enter_context(read_only(folder, monkeypatch))
         elif row.damage in ("ENOSPC", "ENOSPC-rewrite"):
-            fail_writes(monkeypatch, "save_tensors" if row.file == WEIGHTS else "atomic_write_bytes", path, errno.ENOSPC)
+            fail_writes(monkeypatch, "save_tensors" if row.file == WEIGHTS else "atomic_write_bytes", path,
+                        errno.ENOSPC)
         elif row.damage == "ENOSPC-append":
             fail_writes(monkeypatch, "append_line", path, errno.ENOSPC)
         elif row.damage == "ENOSPC-safetensors":

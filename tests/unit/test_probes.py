@@ -128,7 +128,8 @@ def test_every_percolation_line_names_its_resolved_depths_and_none_gives_a_slope
     finding, = percolation_findings([1, 2, None, None])
     assert finding.startswith("probes: no percolation slope: 2 of 4 depths resolved") and "layers per" not in finding
     finding, = percolation_findings([0, 1, 2, 3])
-    assert "percolation slope 1.00 layers per reasoning step" in finding and "fitted on 4 of 4 resolved depths" in finding
+    assert "percolation slope 1.00 layers per reasoning step" in finding
+    assert "fitted on 4 of 4 resolved depths" in finding
 
 
 def test_composite_map_names_its_axes_and_reads_the_key_from_the_embedding():

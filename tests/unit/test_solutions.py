@@ -54,7 +54,8 @@ def test_composite_verdict_of_a_symmetric_oracle_model():
     model.unembed.register_forward_hook(lambda m, args, out: oracle(state["tokens"], None))
     verdict = composite_verdict(model, task, n=200)
     assert verdict.verdict == "symmetric" and verdict.seen_accuracy == 1.0
-    assert verdict.held_out_symmetric + verdict.held_out_inferential == pytest.approx(1.0) and verdict.held_out_symmetric > 0.8
+    assert verdict.held_out_symmetric + verdict.held_out_inferential == pytest.approx(1.0)
+    assert verdict.held_out_symmetric > 0.8
     assert len(verdict.attention_flow["last->key"]) == 1 and verdict.cosine_same_target is not None
     last = task.n_key_positions - 1  # the key there puts the pair at the sequence's end
     by_position = verdict.held_out_by_key_position
