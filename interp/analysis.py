@@ -78,7 +78,8 @@ class PatchingAnalysis:
             # how far to trust the estimate on this run (README, Known limits); None when a sweep is constant
             "heads_attribution_spearman": spearman if math.isfinite(spearman) else None,
             "heads_attribution_verified": _verified(attribution),
-            "heads_estimates_verified": {name: _verified(one, with_spearman=True) for name, one in self.estimates.items()},
+            "heads_estimates_verified": {name: _verified(one, with_spearman=True)
+                                         for name, one in self.estimates.items()},
             "paths": {"strongest": strongest, "refused": self.paths_refused, "circuit": {
                 **self.circuit.to_dict(), **({} if self.bootstrap is None else {"bootstrap": self.bootstrap})}},
         }
@@ -127,7 +128,8 @@ class RunAnalysis:
     def to_dict(self) -> dict[str, Any]:
         heads = {**self.heads.to_dict(), "planted": dict(self.planted),
                  "evidence": None if self.evidence is None else self.evidence.to_dict()}
-        return {"schema": SCHEMA, "run": self.run, "task": self.task, "heads": heads, "patching": self.patching.to_dict(),
+        return {"schema": SCHEMA, "run": self.run, "task": self.task, "heads": heads,
+                "patching": self.patching.to_dict(),
                 "probes": None if self.probes is None else self.probes.to_dict(), "verdict": self.verdict.to_dict(),
                 "seconds": self.seconds, "weights": None if self.weights is None else dict(self.weights)}
 
@@ -316,7 +318,8 @@ def _planted_names(planted: dict[str, str], heads: HeadScores) -> set[str]:
 
 def _named_chain(chain: list[str], labels: dict[str, str], planted: set[str]) -> str:
     """`L1H0 (manipulation) -> L2H0 (association, planted) -> logits`."""
-    return " -> ".join(node if node == "logits" else f"{node} ({labels.get(node, '?')}{', planted' * (node in planted)})"
+    return " -> ".join(node if node == "logits"
+                       else f"{node} ({labels.get(node, '?')}{', planted' * (node in planted)})"
                        for node in chain)
 
 
@@ -426,7 +429,8 @@ def _fill(data: dict[str, Any], keys: tuple[str, ...], value: Any) -> None:
 def _written_spearman(patching: dict[str, Any]) -> float | None:
     """Attribution's Spearman with exact from the written maps (None where undefined or unreadable)."""
     try:
-        value = spearman(torch.tensor(patching["heads_attribution"]["values"]), torch.tensor(patching["heads"]["values"]))
+        value = spearman(torch.tensor(patching["heads_attribution"]["values"]),
+                         torch.tensor(patching["heads"]["values"]))
     except (KeyError, TypeError, ValueError):  # a damaged file: the report names it when it draws the maps
         return None
     return value if math.isfinite(value) else None
@@ -443,7 +447,8 @@ def _analysis_problem(data: dict[str, Any]) -> str | None:
     missing = [name for name in ANALYSIS_FIELDS if name not in data]
     if missing:
         return f"lacks {missing}"
-    wrong = [f"{name} must be {kind}" for name, (types, kind) in ANALYSIS_FIELDS.items() if not isinstance(data.get(name), types)]
+    wrong = [f"{name} must be {kind}" for name, (types, kind) in ANALYSIS_FIELDS.items()
+             if not isinstance(data.get(name), types)]
     if wrong:
         return f"holds fields of the wrong kind ({'; '.join(wrong)})"
     known = analysed_tasks()

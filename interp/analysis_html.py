@@ -16,7 +16,8 @@ from interp.report_format import effect, evidence_html, has_rank_correlation, ra
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
 CURVE_AS_TEXT = 13  # points of the faithfulness curve (heads + 1) listed as text; more are drawn
-GOOD_AGREEMENT = 0.8  # Spearman of attribution with exact patching from which the report calls the rankings in agreement
+# Spearman of attribution with exact patching from which the report calls the rankings in agreement
+GOOD_AGREEMENT = 0.8
 ESTIMATE_NAMES = {"atp": "attribution", "graddrop": "GradDrop", "ig4": "integrated gradients (4 steps)"}
 RULE_WORDS = {  # how the circuit's heads were chosen (interp.circuit.RULES)
     "stays": "the first prefix from which every larger one keeps the target too (two heads that cancel when "
@@ -39,7 +40,8 @@ def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
     note = f"<p>Planted (hardcoded, not learned) heads: {html.escape(listed)}.</p>" if planted else ""
     report.add("Attention heads", note + figure_html(plots.head_score_heatmaps(heads["scores"], heads["labels"]),
                "Score per kind (0 = uniform attention, 1 = all mass on the kind's targets); * marks each head's label.")
-               + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])], ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]])
+               + table_html([[f"L{i}", *row] for i, row in enumerate(heads["labels"])],
+                            ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]])
                + head_evidence_html(heads))
     patching = analysis["patching"]
     report.add("Activation patching", _patching_html(patching))
@@ -72,18 +74,22 @@ def table_verdict_html(verdict: dict[str, Any], drawn: dict[str, Callable[[Any],
 
 def _patching_html(patching: dict[str, Any]) -> str:
     resid, heads, attribution = patching["residual"], patching["heads"], patching["heads_attribution"]
-    parts = [f"<p>Counterfactual pairs: {html.escape(patching['pairs'])} ({html.escape(str(patching['n_pairs']))} pairs, one shared "
-             f"layout). Values are normalised: 0 = corrupted behaviour, 1 = clean (logit difference "
+    parts = [f"<p>Counterfactual pairs: {html.escape(patching['pairs'])} "
+             f"({html.escape(str(patching['n_pairs']))} pairs, one shared layout). Values are normalised: 0 = "
+             f"corrupted behaviour, 1 = clean (logit difference "
              f"{resid['clean_metric']:.2f} clean vs {resid['corrupted_metric']:.2f} corrupted).</p>"]
     if abs(resid["clean_metric"] - resid["corrupted_metric"]) < MIN_METRIC_GAP:
         parts.append("<p><strong>Warning:</strong> the model barely tells clean from corrupted inputs apart, so the "
                      "normalised values below divide by a near-zero gap and mean little.</p>")
     parts.append(figure_html(plots.heatmap(resid["values"], "position", "layer", "residual stream (clean -> corrupted)",
-                                           patching["tokens"], -1.0, 1.0), "Exact patching of the residual stream at each layer and position."))
+                                           patching["tokens"], -1.0, 1.0),
+                             "Exact patching of the residual stream at each layer and position."))
     parts.append(figure_html(plots.heatmap(heads["values"], "head", "layer", "head outputs, exact", None, -1.0, 1.0),
                              "Exact patching of each head's output at all positions."))
-    parts.append(figure_html(plots.heatmap(attribution["values"], "head", "layer", "head outputs, attribution", None, -1.0, 1.0),
-                             "Attribution patching (first-order estimate) of the same cells. " + _agreement_note(patching)))
+    parts.append(figure_html(plots.heatmap(attribution["values"], "head", "layer", "head outputs, attribution", None,
+                                           -1.0, 1.0),
+                             "Attribution patching (first-order estimate) of the same cells. "
+                             + _agreement_note(patching)))
     return "".join(parts)
 
 
@@ -140,7 +146,8 @@ def _areas_html(areas: dict[str, Any] | None) -> str:
     """MIB's CPR and CMD of the faithfulness curves over heads and over edges ("" where not recorded)."""
     if areas is None:  # an analysis.json written before they were
         return ""
-    nodes = "; ".join(f"{name} ablation: CPR {one['cpr']:.2f}, CMD {one['cmd']:.2f}" for name, one in areas["nodes"].items())
+    nodes = "; ".join(f"{name} ablation: CPR {one['cpr']:.2f}, CMD {one['cmd']:.2f}"
+                      for name, one in areas["nodes"].items())
     edges = areas["edges"]
     over_edges = "" if edges is None else (
         f" Over the share of the model's {edges['n_edges']} edges kept, strongest path patching effect first (every "
@@ -155,7 +162,8 @@ def _edges_sentence(circuit: dict[str, Any]) -> str:
     """How the drawn edges were chosen, and what they keep."""
     if circuit["edge_faithfulness"] is None:  # path patching refused the model, or an older analysis.json
         if circuit["edges"]:
-            return "Edges: path patching between kept heads and to the logits, drawn where |value| >= 0.05, not ablated."
+            return ("Edges: path patching between kept heads and to the logits, drawn where |value| >= 0.05, not "
+                    "ablated.")
         return ("No edges: no head is kept." if not circuit["nodes"] else
                 "No edges: path patching does not apply to this model.")
     return (f"Edges: {len(circuit['edges'])} of the {circuit['candidate_edges']} edges among the kept heads (a head's "
@@ -194,11 +202,13 @@ def _agreement_note(patching: dict[str, Any]) -> str:
         return "Its agreement with exact patching is undefined: one of the two maps is constant."
     gap = abs(patching["heads"]["clean_metric"] - patching["heads"]["corrupted_metric"])
     if gap < MIN_METRIC_GAP:
-        return f"Spearman correlation with exact: {agreement:.2f}, of little meaning here (see the warning above).{cost}"
+        return (f"Spearman correlation with exact: {agreement:.2f}, of little meaning here (see the warning "
+                f"above).{cost}")
     trust = ("Its ranking broadly agrees with exact patching." if agreement >= GOOD_AGREEMENT
              else "Its ranking differs from exact patching here: read the exact map, and use attribution only "
                   "to screen (README, Known limits).")
-    return f"Spearman correlation with exact: {agreement:.2f}. {trust} Largest effects, {_largest_listed(patching)}.{cost}"
+    return (f"Spearman correlation with exact: {agreement:.2f}. {trust} Largest effects, "
+            f"{_largest_listed(patching)}.{cost}")
 
 
 def _largest_listed(patching: dict[str, Any]) -> str:

@@ -268,8 +268,9 @@ def gathering_scores(
 ) -> tuple[Float[Tensor, "layer head_index"], Int[Tensor, "layer head_index"]]:
     """Per head, the gathering score of its best (query role, key role) and that key role: the
     mean over the query role's queries of (mass on the key role's positions in every segment,
-    but those holding the query's token, - uniform) / (1 - uniform), times the coverage of those positions (the fraction holding at
-    least half of an even share of that mass). Zeros where roles do not recur."""
+    but those holding the query's token, - uniform) / (1 - uniform), times the coverage of those
+    positions (the fraction holding at least half of an even share of that mass). Zeros where roles
+    do not recur."""
     shape = patterns.shape[0], patterns.shape[2]
     roles = segment_roles(tokens, task)
     in_segment = (~task.padding_mask(tokens)) & (task.segment_ids(tokens) >= 0)  # LEGO: not BOS/EOS/padding
@@ -299,7 +300,8 @@ def gathering_scores(
     return best.clamp(min=0.0) if bool((best > -1).any()) else torch.zeros(shape), best_role
 
 
-def gathering_pattern(tokens: Int[Tensor, "batch pos"], task: Task, role: int) -> Float[Tensor, "batch query_pos key_pos"]:
+def gathering_pattern(tokens: Int[Tensor, "batch pos"], task: Task,
+                      role: int) -> Float[Tensor, "batch query_pos key_pos"]:
     """A hand-set gathering head: every query attends evenly to the positions of segment offset
     `role` in every segment (the ground truth `calibrate_thresholds` scores for this kind)."""
     in_segment = (~task.padding_mask(tokens)) & (task.segment_ids(tokens) >= 0)
@@ -335,7 +337,8 @@ def classify_heads(
     return score_heads(attention_patterns(model, tokens.to(device)).cpu(), tokens, task, thresholds, by_role)
 
 
-def calibrate_thresholds(tasks: list[Task], seeds: range = range(3), n_samples: int = 128) -> dict[str, dict[str, float]]:
+def calibrate_thresholds(tasks: list[Task], seeds: range = range(3),
+                         n_samples: int = 128) -> dict[str, dict[str, float]]:
     """Measure, per kind, the highest score of any head of randomly initialised models and the
     lowest score of planted heads of that kind (gathering and depth: of hand-set `gathering_pattern`s
     and `depth_pattern`s, one per role and per depth 0-2); the threshold is the midpoint.
@@ -364,14 +367,16 @@ def calibrate_thresholds(tasks: list[Task], seeds: range = range(3), n_samples: 
                 for layer, heads in planted_model.planted_plan.items():
                     for head, planted in heads.items():
                         for kind in (k for k in HEAD_KINDS if CALIBRATED_ON.get(k, k) == planted):
-                            planted_min[kind] = min(planted_min[kind], scores[HEAD_KINDS.index(kind), layer, head].item())
+                            planted_min[kind] = min(planted_min[kind],
+                                                    scores[HEAD_KINDS.index(kind), layer, head].item())
             for k in range(3) if hasattr(task, "segment_depth") else []:  # hand-set depth heads
                 scores = depth_scores(depth_pattern(tokens, task, k)[None, :, None], tokens, task)[0]
                 planted_min["depth"] = min(planted_min["depth"], scores.item())
             roles = segment_roles(tokens, task)
             for role in roles[roles > 0].unique().tolist() if bool((roles > 0).any()) else []:  # hand-set gatherers
                 pattern = gathering_pattern(tokens, task, role)[None, :, None]
-                planted_min["gathering"] = min(planted_min["gathering"], gathering_scores(pattern, tokens, task)[0].item())
+                planted_min["gathering"] = min(planted_min["gathering"],
+                                               gathering_scores(pattern, tokens, task)[0].item())
     return {kind: {"random_max": round(random_max[kind], 4), "planted_min": round(planted_min[kind], 4),
                    "threshold": round((random_max[kind] + planted_min[kind]) / 2, 2)} for kind in HEAD_KINDS}
 

@@ -60,16 +60,16 @@ stand-in output instead of its own: the receiver's input is its residual stream 
 (z_sender - z_stand_in) W_O of the sender, everything else unchanged (TransformerLens's split
 q/k/v inputs, `use_split_qkv_input`; with grouped key/value heads, each query head's own copy,
 `ungroup_grouped_query_attention`: both switched on for the call). Paths through MLPs are not
-edges: MLPs read the stream as it flows, like the embeddings. Starting from every edge among the kept heads, edges are dropped
-greedily, weakest path-patching effect first, while the faithfulness stays at the target; the
-edges left, their faithfulness under resample and under mean ablation, and the faithfulness with
-every edge ablated are the circuit's; under `rule="both"` an edge is dropped only while the mean
-ablation's faithfulness stays at its target too. One edge is dropped at a time, each tried with
-every other edge left kept, so two edges that cancel cannot be dropped together: dropping either
-alone breaks the cancellation. Greedy, so the edge set is small, not proven minimal. Edge
-ablation refuses the models path patching refuses (`interp.paths.check_path_patchable`: post-LN,
-identity-augmented attention, a norm after attention ...; the table is in docs/limits.md), and
-there the circuit has no edges.
+edges: MLPs read the stream as it flows, like the embeddings. Starting from every edge among the
+kept heads, edges are dropped greedily, weakest path-patching effect first, while the faithfulness
+stays at the target; the edges left, their faithfulness under resample and under mean ablation, and
+the faithfulness with every edge ablated are the circuit's; under `rule="both"` an edge is dropped
+only while the mean ablation's faithfulness stays at its target too. One edge is dropped at a time,
+each tried with every other edge left kept, so two edges that cancel cannot be dropped together:
+dropping either alone breaks the cancellation. Greedy, so the edge set is small, not proven minimal.
+Edge ablation refuses the models path patching refuses (`interp.paths.check_path_patchable`:
+post-LN, identity-augmented attention, a norm after attention ...; the table is in docs/limits.md),
+and there the circuit has no edges.
 
 Shape glossary: batch = counterfactual pairs, pos, head_index, d_head.
 """
@@ -271,7 +271,8 @@ def edge_faithfulness(
                 layer, standing = hook.layer(), stand_in[hook.name]
                 for head in range(n_heads):
                     if (layer, head) in nodes:
-                        deltas[layer, head] = (z[:, :, head] - standing[:, :, head]) @ model.blocks[layer].attn.W_O[head]
+                        w_o = model.blocks[layer].attn.W_O[head]
+                        deltas[layer, head] = (z[:, :, head] - standing[:, :, head]) @ w_o
                     else:
                         z[:, :, head] = standing[:, :, head]
                 return z
@@ -311,7 +312,8 @@ def prune_edges(
     for edge in sorted(edges, key=lambda e: (abs(strength.get(edge_name(e), 0.0)), edge_name(e))):
         [without] = edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges - {edge}], ablation)
         if without >= target and all(
-                edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges - {edge}], other)[0] >= goal
+                edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges - {edge}],
+                                  other)[0] >= goal
                 for other, goal in (also or {}).items()):
             edges, current = edges - {edge}, without
     return edges, current
@@ -376,7 +378,8 @@ def find_circuit(
                    key=lambda lh: -abs(head_effects[lh].item()))
     prefixes = [set(order[:k]) for k in range(len(order) + 1)]
     measured = (ablation, *(other for other in ABLATIONS if other != ablation))  # `ablation` first: checked first
-    curves = {name: kept_faithfulness(model, clean_tokens, corrupted_tokens, metric, prefixes, name) for name in measured}
+    curves = {name: kept_faithfulness(model, clean_tokens, corrupted_tokens, metric, prefixes, name)
+              for name in measured}
     curve = curves[ablation]
     size = circuit_size(curves, ablation, target, rule)
     nodes = [head_name(*lh) for lh in order[:size]]
@@ -427,8 +430,8 @@ def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: li
         colour = "#2166ac" if value > 0 else "#b2182b"
         port = str(receiver).partition(".")[2]
         parts.append(f"<line x1='{x1}' y1='{y1}' x2='{x2}' y2='{y2}' stroke='{colour}' stroke-opacity='0.7' "
-                     f"stroke-width='{1 + 8 * min(1.0, abs(value)):.1f}'><title>{html.escape(f'{sender} -> {receiver}: {value:+.3f}')}"
-                     f"</title></line>")
+                     f"stroke-width='{1 + 8 * min(1.0, abs(value)):.1f}'>"
+                     f"<title>{html.escape(f'{sender} -> {receiver}: {value:+.3f}')}</title></line>")
         if port:  # q, k and v of one pair of heads share a line: their labels sit at different heights along it
             t = PORT_AT.get(port, 0.5)
             parts.append(f"<text x='{x1 + t * (x2 - x1) + 4:.1f}' y='{y1 + t * (y2 - y1):.1f}' fill='{colour}'>"
@@ -444,7 +447,8 @@ def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: li
         parts.append(f"<g><title>{html.escape(f'{name} {kind}'.strip())}</title>"
                      f"<circle cx='{x}' cy='{y}' r='22' fill='{fill}' stroke='#333'/>"
                      f"<text x='{x}' y='{y - 2}' text-anchor='middle'>{name}</text>"
-                     f"<text x='{x}' y='{y + 11}' text-anchor='middle' font-size='9'>{html.escape(node_label(kind))}</text></g>")
+                     f"<text x='{x}' y='{y + 11}' text-anchor='middle' "
+                     f"font-size='9'>{html.escape(node_label(kind))}</text></g>")
     parts.append("</svg>")
     return "".join(parts)
 

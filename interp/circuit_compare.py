@@ -120,7 +120,8 @@ def compare_circuits(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     edges = sorted(ca["scores"])
     result["edge_score_spearman"] = _spearman([ca["scores"][e] for e in edges], [cb["scores"][e] for e in edges]) \
         if scored else None
-    head_scores = [[data["nodes"][name].get("score") for name in sorted(data["nodes"]) if ".h" in name] for data in (a, b)]
+    head_scores = [[data["nodes"][name].get("score") for name in sorted(data["nodes"]) if ".h" in name]
+                   for data in (a, b)]
     result["head_score_spearman"] = None if None in head_scores[0] + head_scores[1] else \
         _spearman(head_scores[0], head_scores[1])
     return result
@@ -144,5 +145,6 @@ def comparison_lines(result: dict[str, Any]) -> list[str]:
 
     lines = [line("circuit", result["circuit"])]
     lines += [line(f"{t['percent']:g}% (k={t['k']})", t) for t in result["thresholds"] if t["k"]]
-    lines.append(f"Spearman of edge scores {result['edge_score_spearman']}, of head scores {result['head_score_spearman']}")
+    lines.append(f"Spearman of edge scores {result['edge_score_spearman']}, of head scores "
+                 f"{result['head_score_spearman']}")
     return lines

@@ -156,7 +156,8 @@ def _twin(model: HookedTransformer, heads: HeadScores, probe: ShareProbe, shares
     layer, index = head
     label = heads.labels[layer][index]
     where = heads.where[layer][index] if heads.where else None
-    same = [(other_layer, other) for other_layer, row in enumerate(heads.labels) for other, other_label in enumerate(row)
+    same = [(other_layer, other) for other_layer, row in enumerate(heads.labels)
+            for other, other_label in enumerate(row)
             if other_label == label and (other_layer, other) != head
             and (heads.where[other_layer][other] if heads.where else None) == where]
     same.sort(key=lambda h: -float(shares[h]))
@@ -174,7 +175,8 @@ def where_words(task: Any, label: str, where: int | None) -> str | None:
         return None
     if label == "depth":
         names = getattr(task, "label_names", None)
-        return f"{names[where]}'s clause" if hasattr(task, "role_names") and names and where < len(names) else f"depth {where}"
+        has_names = hasattr(task, "role_names") and names and where < len(names)
+        return f"{names[where]}'s clause" if has_names else f"depth {where}"
     roles = getattr(task, "role_names", None)
     return f"every segment's {roles[where] if roles and where < len(roles) else f'offset {where}'}"
 
@@ -226,7 +228,8 @@ def head_evidence_html(heads: dict[str, Any]) -> str:
             kind = label if reads[layer][head] is None else f"{label} ({reads[layer][head]})"
             twin = (f"with {evidence['partner'][layer][head]}: together {_number(evidence['joint'][layer][head])}"
                     if status == "twin" else "")
-            rows.append([f"L{layer}H{head}", kind, _number(evidence["scores"][layer][head]), _number(share), status, twin])
+            rows.append([f"L{layer}H{head}", kind, _number(evidence["scores"][layer][head]), _number(share), status,
+                         twin])
     if not rows:
         return "<p>No head is labelled or carries the answer.</p>"
     said = "; ".join(f"{n} {STATUS_WORDS[s]}" for s, n in counts.items() if n and s in STATUS_WORDS)

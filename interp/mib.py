@@ -143,7 +143,8 @@ def mib_file(cfg: Mapping[str, Any], heads: Iterable[str], kept_edges: Iterable[
     kept_heads = {mib_node(head) for head in heads}
     unknown = kept_heads - set(nodes)
     if unknown:
-        raise ValueError(f"heads {sorted(unknown)} are not in a model of {cfg['n_layers']} layers x {cfg['n_heads']} heads")
+        raise ValueError(f"heads {sorted(unknown)} are not in a model of {cfg['n_layers']} layers x {cfg['n_heads']} "
+                         "heads")
     kept = None if kept_edges is None else {mib_edge(*edge) for edge in kept_edges}
     named = {mib_edge(*edge): float(value) for edge, value in scores.items()}
     bad = [name for name, value in named.items() if not math.isfinite(value)]
@@ -206,7 +207,8 @@ def check_mib(data: Any) -> None:
         raise ValueError(f"cfg must hold {list(CFG_KEYS)}; got {cfg!r}")
     if not all(isinstance(cfg[key], int) and not isinstance(cfg[key], bool) and cfg[key] > 0
                for key in ("n_layers", "n_heads", "d_model")) or not isinstance(cfg["parallel_attn_mlp"], bool):
-        raise ValueError(f"cfg's n_layers, n_heads and d_model must be positive integers, parallel_attn_mlp a boolean: {cfg}")
+        raise ValueError("cfg's n_layers, n_heads and d_model must be positive integers, parallel_attn_mlp a boolean: "
+                         f"{cfg}")
     nodes, edges = mib_graph(cfg["n_layers"], cfg["n_heads"], cfg["parallel_attn_mlp"])
     for kind, entries, names, keys in (("node", data["nodes"], set(nodes), ("in_graph",)),
                                        ("edge", data["edges"], set(edges), ("score", "in_graph"))):
@@ -261,7 +263,8 @@ def mib_circuit(data: Mapping[str, Any]) -> dict[str, Any]:
         ours = our_edge(name)
         if ours is None:
             sender, receiver = name.split("->")
-            if not edge["in_graph"] and in_graph.get(sender, False) and in_graph.get(_node_of_receiver(receiver), False):
+            both_in = in_graph.get(sender, False) and in_graph.get(_node_of_receiver(receiver), False)
+            if not edge["in_graph"] and both_in:
                 other_out.append(name)
             continue
         scores[ours] = edge["score"]

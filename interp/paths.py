@@ -80,7 +80,9 @@ class PathPatchResult:
         return sorted(cells, key=lambda cell: -abs(cell[2]))[:k]
 
     def to_dict(self) -> dict[str, Any]:
-        nan_to_none = lambda t: [[None if v != v else v for v in row] for row in t.flatten(0, -2).tolist()]  # noqa: E731
+        def nan_to_none(t: Tensor) -> list:
+            return [[None if v != v else v for v in row] for row in t.flatten(0, -2).tolist()]
+
         return {"inputs": list(INPUTS), "edges_shape": list(self.edges.shape), "edges": nan_to_none(self.edges),
                 "direct": self.direct.tolist(), "direct_raw": self.direct_raw.tolist(), "direction": self.direction,
                 "clean_metric": self.clean_metric, "corrupted_metric": self.corrupted_metric,
@@ -141,7 +143,8 @@ def per_head_inputs(model: HookedTransformer, split_qkv: bool = False) -> Iterat
         cfg.ungroup_grouped_query_attention, cfg.use_split_qkv_input = saved
 
 
-def logits_from_resid(model: HookedTransformer, resid: Float[Tensor, "... pos d_model"]) -> Float[Tensor, "... pos d_vocab_out"]:
+def logits_from_resid(model: HookedTransformer,
+                      resid: Float[Tensor, "... pos d_model"]) -> Float[Tensor, "... pos d_vocab_out"]:
     """What a full forward makes of the last block's output: the final norm, the unembedding and,
     where the model caps its logits (`output_logits_soft_cap`), cap * tanh(logits / cap)."""
     logits = model.unembed(final_norm(model, resid))
@@ -157,8 +160,8 @@ def path_patch(
     """Every sender head -> receiver head (q, k, v) edge and every head's direct effect."""
     check_path_patchable(model)
     if clean_tokens.dim() != 2 or clean_tokens.shape != corrupted_tokens.shape:
-        raise ValueError(f"clean_tokens {tuple(clean_tokens.shape)} and corrupted_tokens {tuple(corrupted_tokens.shape)} "
-                         "must both be [batch pos] with the same shape")
+        raise ValueError(f"clean_tokens {tuple(clean_tokens.shape)} and corrupted_tokens "
+                         f"{tuple(corrupted_tokens.shape)} must both be [batch pos] with the same shape")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction={direction!r} is unknown; use one of {DIRECTIONS}")
     n_layers, n_heads, n = model.cfg.n_layers, model.cfg.n_heads, clean_tokens.shape[0]
@@ -177,7 +180,8 @@ def path_patch(
     for receiver_layer in range(1, n_layers):
         senders = deltas[: receiver_layer * n_heads]  # every head of an earlier layer
         with per_head_inputs(model):
-            effects = _receiver_layer_edges(model, receiver_layer, cache[f"blocks.{receiver_layer}.hook_resid_pre"][target],
+            effects = _receiver_layer_edges(model, receiver_layer,
+                                            cache[f"blocks.{receiver_layer}.hook_resid_pre"][target],
                                             target_tokens, senders, metric, max_batch)  # [sender head input]
         edges_raw[:receiver_layer, :, receiver_layer] = effects.view(receiver_layer, n_heads, n_heads, len(INPUTS))
     return PathPatchResult(normalise(edges_raw, clean_metric, corrupted_metric), edges_raw,
@@ -185,7 +189,8 @@ def path_patch(
                            direction, clean_metric, corrupted_metric)
 
 
-def sender_deltas(model: HookedTransformer, cache: Any, source: slice, target: slice) -> Float[Tensor, "sender batch pos d_model"]:
+def sender_deltas(model: HookedTransformer, cache: Any, source: slice,
+                  target: slice) -> Float[Tensor, "sender batch pos d_model"]:
     """What each head adds to the residual stream when its output becomes the source's: the
     change of its z through its rows of W_O (b_O is shared by source and target and cancels)."""
     per_layer = []
@@ -258,7 +263,8 @@ def _path_reference(
         return frozen
 
     freeze_mlps = lambda out, hook: target_cache[hook.name]  # noqa: E731
-    hooks = [(lambda name: name.endswith("attn.hook_z"), freeze_heads), (lambda name: name.endswith("hook_mlp_out"), freeze_mlps)]
+    hooks = [(lambda name: name.endswith("attn.hook_z"), freeze_heads),
+             (lambda name: name.endswith("hook_mlp_out"), freeze_mlps)]
     if receiver is None:
         with model.hooks(fwd_hooks=hooks):
             return _mean_metric(metric, model(target_tokens)).item()

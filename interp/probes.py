@@ -132,7 +132,8 @@ def _fit_ridge(x: Tensor, y: Tensor, w: Tensor, n_classes: int, reg: float) -> t
     return solution[:, :-1], solution[:, -1]
 
 
-def _fit_logistic(x: Tensor, y: Tensor, w: Tensor, n_classes: int, reg: float, steps: int = 300) -> tuple[Tensor, Tensor]:
+def _fit_logistic(x: Tensor, y: Tensor, w: Tensor, n_classes: int, reg: float,
+                  steps: int = 300) -> tuple[Tensor, Tensor]:
     """Multinomial logistic regression, full-batch Adam on all probes at once, L2 penalty `reg`."""
     weight = torch.zeros(x.shape[0], x.shape[-1], n_classes, dtype=x.dtype, device=x.device, requires_grad=True)
     bias = torch.zeros(x.shape[0], 1, n_classes, dtype=x.dtype, device=x.device, requires_grad=True)
@@ -167,11 +168,13 @@ def fit_probes(
     if method not in PROBE_FITTERS:
         raise ValueError(f"method={method!r} is unknown; use one of {sorted(PROBE_FITTERS)}")
     if labels.min() < 0 or labels.max() >= n_classes:
-        raise ValueError(f"labels span {int(labels.min())}..{int(labels.max())}; they must lie in 0..n_classes-1={n_classes - 1}")
+        raise ValueError(f"labels span {int(labels.min())}..{int(labels.max())}; they must lie in "
+                         f"0..n_classes-1={n_classes - 1}")
     features = features.float()
     weights = torch.ones_like(labels, dtype=features.dtype) if mask is None else mask.to(features.dtype)
     standard, mean, scale = _standardise(features, weights)
-    weight, bias = PROBE_FITTERS[method](standard, labels, weights, n_classes, DEFAULT_REG[method] if reg is None else reg)
+    reg = DEFAULT_REG[method] if reg is None else reg
+    weight, bias = PROBE_FITTERS[method](standard, labels, weights, n_classes, reg)
     return LinearProbes(mean, scale, weight, bias)
 
 

@@ -24,7 +24,8 @@ ATTENTION_SCALE = 10**ATTENTION_DECIMALS
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
-table { border-collapse: collapse; margin: .5em 0; } td, th { border: 1px solid #ddd; padding: 2px 8px; text-align: left; }
+table { border-collapse: collapse; margin: .5em 0; }
+td, th { border: 1px solid #ddd; padding: 2px 8px; text-align: left; }
 code, pre { background: #f6f6f6; padding: 1px 4px; } pre { padding: .6em; overflow-x: auto; }
 .example { font-family: monospace; margin: 1em 0 .2em; } .widget { margin: 0 0 1.5em; min-height: 40px; }
 figure { margin: 1em 0; } figure img { max-width: 100%; } .verdict { font-size: 1.2em; font-weight: bold; }
@@ -77,7 +78,8 @@ class Report:
         self.sections.append((heading, body_html))
 
     def attention_widget(
-        self, tokens: list[str], pattern: Float[Tensor, "head_index query_pos key_pos"], head_names: list[str], causal: bool
+        self, tokens: list[str], pattern: Float[Tensor, "head_index query_pos key_pos"], head_names: list[str],
+        causal: bool
     ) -> str:
         """HTML for one circuitsvis AttentionHeads view (rendered by the page's one bundle)."""
         self.n_widgets += 1

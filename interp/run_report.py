@@ -16,7 +16,8 @@ from models.runs import ANALYSIS, REPORT, LoadedRun, RunFolderError, non_finite_
 from tasks import seeded_generator
 
 
-def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345, analysis: RunAnalysis | None = None) -> Report:
+def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345,
+                     analysis: RunAnalysis | None = None) -> Report:
     """Summary, configuration, curves, attention views; with `analysis` (or the run's
     analysis.json), also the verdict, head scores, patching and probes."""
     report = Report(f"interp-workbench run: {run.path.name}")
@@ -72,7 +73,8 @@ def _analysed_weights_html(run: LoadedRun, written: dict | None) -> str:
     line = f"The analysis below read the weights of step {html.escape(str(analysed.get('step')))}"
     if run.weights is not None and analysed.get("digest") != run.weights.digest:
         return (f"<p><strong>{line}, not the weights in this folder now (step {run.weights.step}): its numbers may "
-                f"not describe them. Run <code>workbench analyze {html.escape(str(run.path))}</code> again.</strong></p>")
+                f"not describe them. Run <code>workbench analyze {html.escape(str(run.path))}</code> "
+                "again.</strong></p>")
     return f"<p>{line} (sha256 {html.escape(str(analysed.get('digest', ''))[:12])}...).</p>"
 
 
@@ -160,7 +162,8 @@ def _attention_html(report: Report, run: LoadedRun, n_examples: int, seed: int) 
         for layer in range(run.model.cfg.n_layers):
             names = [f"L{layer}H{head}" for head in range(run.model.cfg.n_heads)]
             pattern = patterns[layer, i, :, :keep, :keep]
-            parts.append(f"<div>Layer {layer}</div>" + report.attention_widget(strings[:keep], pattern, names, run.task.causal))
+            parts.append(f"<div>Layer {layer}</div>"
+                         + report.attention_widget(strings[:keep], pattern, names, run.task.causal))
     return "".join(parts)
 
 

@@ -143,7 +143,8 @@ def read_cell(folder: Path, name: str, point: dict[str, Any], recorded: dict[str
 def _fill_cell(cell: Cell, run_dir: Path, recorded: dict[str, Any]) -> None:
     """Status, final metrics, verdict and timeline of a cell whose folder is there."""
     if not (run_dir / CONFIG).exists() and not (run_dir / CONFIG).is_symlink():
-        cell.status = "running" if writer_pid(run_dir) else ("failed" if recorded.get("status") == "failed" else "pending")
+        cell.status = "running" if writer_pid(run_dir) else ("failed" if recorded.get("status") == "failed"
+                                                             else "pending")
         cell.error = _last_line(recorded.get("error")) if cell.status == "failed" else None
         return
     cfg = read_config(run_dir)
@@ -180,7 +181,8 @@ def _fill_verdict(cell: Cell, run_dir: Path, steps: TaskAnalysis, task: str, las
     timeline = read_timeline(run_dir)
     if timeline is not None:
         summary = timeline["summary"]
-        cell.timeline = {"href": f"{quote(run_dir.name, safe='=,')}/{TIMELINE}", "decided_at": summary.get("decided_at"),
+        cell.timeline = {"href": f"{quote(run_dir.name, safe='=,')}/{TIMELINE}",
+                         "decided_at": summary.get("decided_at"),
                          "final_label": summary.get("final_label"), "changes": len(summary.get("changes") or [])}
     if analysis is not None:
         cell.source, cell.step = "analysis.json", (analysis.get("weights") or {}).get("step")
@@ -205,7 +207,8 @@ def _from_verdict(steps: TaskAnalysis, verdict: dict[str, Any], path: Path) -> t
             rates = next(iter(timeline_panels(steps, verdict).values()), {})
         return verdict_label(steps, verdict), _finite(rates)
     except (KeyError, TypeError, ValueError, IndexError) as err:
-        raise RunFolderError(f"{path}: its verdict cannot be read ({type(err).__name__}: {err}); it is damaged") from None
+        raise RunFolderError(f"{path}: its verdict cannot be read ({type(err).__name__}: {err}); "
+                             "it is damaged") from None
 
 
 def headline_summary(task: str, record: dict[str, Any]) -> dict[str, Any]:

@@ -130,7 +130,8 @@ def grid_figure(page: dict[str, Any]) -> plt.Figure:
         _draw_panel(ax, mine, xs, ys, colours)
         ax.set(xticks=range(len(xs)) if axes["x"] else [], xticklabels=[_value(v) for v in xs] if axes["x"] else [],
                yticks=range(len(ys)) if axes["y"] else [], yticklabels=[_value(v) for v in ys] if axes["y"] else [],
-               xlabel=axes["x"] or "", ylabel=axes["y"] or "", title=", ".join(f"{k}={_value(v)}" for k, v in facet.items()))
+               xlabel=axes["x"] or "", ylabel=axes["y"] or "",
+               title=", ".join(f"{k}={_value(v)}" for k, v in facet.items()))
     handles = [Patch(color=c, label=label) for label, c in colours.items()]
     handles.append(Patch(color=NO_VERDICT_COLOUR, label="no verdict yet"))
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, title="majority verdict")
@@ -251,7 +252,8 @@ def grid_table_html(page: dict[str, Any]) -> str:
         for y in reversed(ys):
             row = [html.escape(f"{axes['y']}={_value(y)}") if axes["y"] else ""]
             for x in xs:
-                group = next(g for g in page["groups"] if _same(g["facet"], facet) and _same(g["x"], x) and _same(g["y"], y))
+                group = next(g for g in page["groups"] if _same(g["facet"], facet) and _same(g["x"], x)
+                             and _same(g["y"], y))
                 head = html.escape(cell_text(group).replace("\n", "; "))
                 row.append(f"<div class='verdict-cell'><b>{head}</b></div>" +
                            "".join(_run_line(page["cells"][name], axes["seed"]) for name in group["runs"]))
@@ -280,13 +282,14 @@ def _summary_html(page: dict[str, Any]) -> str:
     state = "finished" if page["finished"] else "in progress (or stopped before its end): sweep.json is not written yet"
     drawn = " x ".join(k for k in (axes["x"], axes["y"]) if k) or "no grid key but the seed"
     facets = f"; one panel per {', '.join(axes['facets'])}" if axes["facets"] else ""
-    seeds = f"; {axes['seed']} aggregated (k of n: the runs of the majority verdict, of all seeds)" if axes["seed"] else ""
+    seeds = (f"; {axes['seed']} aggregated (k of n: the runs of the majority verdict, of all seeds)"
+             if axes["seed"] else "")
     counts = ", ".join(f"{n} {s}" for s, n in page["counts"].items())
-    return (f"<p>Task <code>{html.escape(str(page['task']))}</code>, preset <code>{html.escape(str(page['preset']))}</code>; "
-            f"sweep {html.escape(state)}. Cells: {html.escape(counts)}.</p>"
-            f"<p>Axes: {html.escape(drawn + facets + seeds)}. A verdict comes from the run's analysis.json, else the "
-            f"last point of its timeline.json, else the last record of its metrics.jsonl (the task's summary); "
-            f"each run says which.</p>")
+    return (f"<p>Task <code>{html.escape(str(page['task']))}</code>, preset "
+            f"<code>{html.escape(str(page['preset']))}</code>; sweep {html.escape(state)}. Cells: "
+            f"{html.escape(counts)}.</p><p>Axes: {html.escape(drawn + facets + seeds)}. A verdict comes from the run's "
+            "analysis.json, else the last point of its timeline.json, else the last record of its metrics.jsonl (the "
+            f"task's summary); each run says which.</p>")
 
 
 def page_html(page: dict[str, Any]) -> str:
@@ -300,10 +303,12 @@ def page_html(page: dict[str, Any]) -> str:
         report.add("Rates per run", figure_html(figure, "Each run's deciding rates (from its verdict's source)."))
     report.add("Cells", cells_table_html(page))
     problems = [[html.escape(d["cell"]), html.escape(d["error"] or "")] for d in page["damaged"]]
-    problems += [[html.escape(c["name"]), html.escape(c["error"] or "")] for c in page["cells"].values() if c["status"] == "failed"]
+    problems += [[html.escape(c["name"]), html.escape(c["error"] or "")] for c in page["cells"].values()
+                 if c["status"] == "failed"]
     if problems:
         report.add("Damaged and failed cells", "<p>A failed cell is retried by running the sweep again; a damaged one "
-                                               "needs its file moved away or repaired.</p>" + _html_table(problems, ["cell", "error"]))
+                                               "needs its file moved away or repaired.</p>"
+                   + _html_table(problems, ["cell", "error"]))
     if page["notes"]:
         report.add("Notes", "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in page["notes"]) + "</ul>")
     return report.to_html()

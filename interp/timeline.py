@@ -45,7 +45,8 @@ from models.snapshots import read_index, read_snapshot
 from tasks import seeded_generator
 
 SCHEMA = 1  # of timeline.json
-MIN_METRIC_GAP = 0.5  # logits between clean and corrupted below which patching shares are not defined (an untrained model)
+# logits between clean and corrupted below which patching shares are not defined (an untrained model)
+MIN_METRIC_GAP = 0.5
 CARRIER_SHARE = 0.3  # a head carrying at least this share of the effect counts as a carrier
 CROSSINGS = (0.5, 0.75, 0.95)  # the levels whose first crossing the summary gives, per evidence series
 CIRCUIT_FORM = ("nodes only: the fewest heads by |exact effect| whose faithfulness under resample ablation "
@@ -271,7 +272,8 @@ def read_timeline(run_dir: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict) or any(not isinstance(data.get(k), t) for k, t in TIMELINE_FIELDS.items()):
         raise RunFolderError(f"{path} is not a timeline (an object with {sorted(TIMELINE_FIELDS)}); {again}")
     if data["schema"] != SCHEMA:
-        raise RunFolderError(f"{path} is timeline schema {data['schema']}; this workbench reads schema {SCHEMA}; {again}")
+        raise RunFolderError(f"{path} is timeline schema {data['schema']}; this workbench reads schema {SCHEMA}; "
+                             f"{again}")
     needed = ("step", "label", "panels", "head_labels", "head_patching", "circuit")
     if any(not isinstance(p, dict) or any(k not in p for k in needed) for p in data["points"]):
         raise RunFolderError(f"{path} holds a point without {list(needed)}; it is damaged; {again}")

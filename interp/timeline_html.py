@@ -42,8 +42,9 @@ def _decided_html(summary: dict[str, Any], n: int, timeline: dict[str, Any]) -> 
                         for c in summary["changes"]) or "none"
     return (f"<p class='verdict'>{html.escape(str(summary['final_label']))}, decided at step "
             f"{summary['decided_at']}</p><p>{n} snapshots analysed; changes of verdict: {changes}. Patching: "
-            f"{html.escape(str(timeline.get('pairs', '')))}. Circuit: {html.escape(str(timeline.get('circuit_form', '')))}."
-            f" Heads: {html.escape(str(timeline.get('heads_origin', '')))}.</p>")
+            f"{html.escape(str(timeline.get('pairs', '')))}. Circuit: "
+            f"{html.escape(str(timeline.get('circuit_form', '')))}. Heads: "
+            f"{html.escape(str(timeline.get('heads_origin', '')))}.</p>")
 
 
 def _mark(ax: plt.Axes, summary: dict[str, Any]) -> None:
@@ -152,7 +153,8 @@ def _crossings_html(summary: dict[str, Any]) -> str:
     rows = [[name, *("never" if found[level] is None else found[level] for level in levels)]
             for name, found in series.items()]
     return (f"<p>First snapshot at which each series of <em>{html.escape(panel)}</em> reaches a level "
-            "(the order in which the model learns them):</p>" + table_html(rows, ["series", *[f">= {lv}" for lv in levels]]))
+            "(the order in which the model learns them):</p>"
+            + table_html(rows, ["series", *[f">= {lv}" for lv in levels]]))
 
 
 def _heads_table_html(summary: dict[str, Any], steps: list[int]) -> str:

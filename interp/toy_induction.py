@@ -76,7 +76,10 @@ def calibrate_induction(seeds: range = range(3)) -> dict[str, float]:
     model = hand_set_induction_model()
     half = torch.randint(1, 10, (64, 4), generator=torch.Generator().manual_seed(0))
     tokens = torch.cat([half, half], dim=1)
-    induction = lambda m: outside_head_scores(attention_patterns(m, tokens), tokens, causal=True).score("induction")  # noqa: E731
+
+    def induction(m: HookedTransformer) -> torch.Tensor:
+        return outside_head_scores(attention_patterns(m, tokens), tokens, causal=True).score("induction")
+
     random_max = -1.0
     for seed in seeds:
         with warnings.catch_warnings():
@@ -84,7 +87,8 @@ def calibrate_induction(seeds: range = range(3)) -> dict[str, float]:
             random = HookedTransformer(HookedTransformerConfig(**{**model.cfg.to_dict(), "seed": seed}))
         random_max = max(random_max, induction(random).max().item())
     planted = induction(model)[1, 0].item()
-    return {"random_max": round(random_max, 4), "hand_set": round(planted, 4), "threshold": round((random_max + planted) / 2, 2)}
+    return {"random_max": round(random_max, 4), "hand_set": round(planted, 4),
+            "threshold": round((random_max + planted) / 2, 2)}
 
 
 def induction_prompt_pairs(n: int = 16, seed: int = 0) -> PromptPairs:

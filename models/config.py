@@ -94,7 +94,8 @@ class ModelConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"model.{name}={getattr(self, name)} must be >= 1, or null for its default")
         if self.d_head is None and self.d_model % self.n_heads:
-            raise ConfigError(f"model.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set model.d_head")
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set "
+                              "model.d_head")
         if self.act_fn not in ACT_FNS:
             raise ConfigError(f"model.act_fn={self.act_fn!r} is unknown; use one of {ACT_FNS}")
         if self.normalization not in NORMALIZATIONS:
@@ -106,9 +107,11 @@ class ModelConfig:
         if self.positional not in POSITIONALS:
             raise ConfigError(f"model.positional={self.positional!r} is unknown; use one of {POSITIONALS}")
         if self.unembed_bias_init not in UNEMBED_BIAS_INITS:
-            raise ConfigError(f"model.unembed_bias_init={self.unembed_bias_init!r} is unknown; use one of {UNEMBED_BIAS_INITS}")
+            raise ConfigError(f"model.unembed_bias_init={self.unembed_bias_init!r} is unknown; use one of "
+                              f"{UNEMBED_BIAS_INITS}")
         if self.init_gamma is not None and self.init_gamma <= 0:
-            raise ConfigError(f"model.init_gamma={self.init_gamma} must be > 0 (std = d_in^-gamma), or null for the default init")
+            raise ConfigError(f"model.init_gamma={self.init_gamma} must be > 0 (std = d_in^-gamma), or null for the "
+                              "default init")
         if self.min_depth is not None and not 1 <= self.min_depth <= self.n_layers:
             raise ConfigError(f"model.min_depth={self.min_depth} is outside 1..n_layers={self.n_layers}")
         if self.identity_off_diagonal and not self.identity_attention:
@@ -231,7 +234,8 @@ class TrainConfig:
         if self.weight_decay < 0:
             raise ConfigError(f"train.weight_decay={self.weight_decay} must be >= 0")
         if self.weight_decay_on not in WEIGHT_DECAY_ON:
-            raise ConfigError(f"train.weight_decay_on={self.weight_decay_on!r} is unknown; use one of {WEIGHT_DECAY_ON}")
+            raise ConfigError(f"train.weight_decay_on={self.weight_decay_on!r} is unknown; use one of "
+                              f"{WEIGHT_DECAY_ON}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ConfigError(f"train.grad_clip={self.grad_clip} must be > 0, or null for no clipping")
         if self.n_train is not None and self.n_train < self.batch_size:
@@ -248,11 +252,13 @@ class TrainConfig:
         is_count = isinstance(spec, int) and not isinstance(spec, bool)
         if not is_count and not (isinstance(spec, list) and all(isinstance(s, int) and not isinstance(s, bool)
                                                                  for s in spec)):
-            raise ConfigError(f"train.snapshots={spec!r} is neither a count nor a list of steps; e.g. 20 or [0, 500, 1000]")
+            raise ConfigError(f"train.snapshots={spec!r} is neither a count nor a list of steps; "
+                              "e.g. 20 or [0, 500, 1000]")
         if isinstance(spec, list):
             wrong = [s for s in spec if s < 0]
             if wrong or len(set(spec)) != len(spec):
-                raise ConfigError(f"train.snapshots={spec}: each step once, and >= 0" + (f" ({wrong} are not)" if wrong else ""))
+                raise ConfigError(f"train.snapshots={spec}: each step once, and >= 0"
+                                  + (f" ({wrong} are not)" if wrong else ""))
         elif spec == 1 or spec < 0:
             raise ConfigError(f"train.snapshots={spec}: give a count >= 2 (step 0, log-spaced steps and the final "
                               f"weights), a list of steps, or 0 for none")
@@ -318,7 +324,8 @@ class RunConfig:
             key, sep, raw = assignment.partition("=")
             section, _, name = key.strip().partition(".")
             if not sep or section not in data or not name:
-                raise ConfigError(f"--set {assignment!r} is not of the form section.key=value with section in {sorted(data)}")
+                raise ConfigError(f"--set {assignment!r} is not of the form section.key=value with section in "
+                                  f"{sorted(data)}")
             if name not in data[section]:
                 raise ConfigError(f"--set {key}: {section} has no field {name!r}; fields: {sorted(data[section])}")
             data[section][name] = parse_value(raw, f"--set {key}")

@@ -29,7 +29,8 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
     causal decoder for composite. Initialisation is seeded without touching the global RNG."""
     n_ctx = cfg.n_ctx or task.n_ctx
     if task.n_ctx > n_ctx:
-        raise ConfigError(f"the task's sequences have {task.n_ctx} tokens but model.n_ctx={n_ctx}; use model.n_ctx >= {task.n_ctx}")
+        raise ConfigError(f"the task's sequences have {task.n_ctx} tokens but model.n_ctx={n_ctx}; use model.n_ctx >= "
+                          f"{task.n_ctx}")
     tl_cfg = HookedTransformerConfig(
         n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, d_head=cfg.head_dim,
         d_mlp=cfg.mlp_dim, d_vocab=task.d_vocab, d_vocab_out=task.d_vocab_out, n_ctx=n_ctx,

@@ -44,7 +44,8 @@ def _row_normalise(mask: Tensor) -> Tensor:
     return weights / weights.sum(-1, keepdim=True)
 
 
-def planted_pattern(kind: str, tokens: Int[Tensor, "batch pos"], task: Task) -> Float[Tensor, "batch query_pos key_pos"]:
+def planted_pattern(kind: str, tokens: Int[Tensor, "batch pos"],
+                    task: Task) -> Float[Tensor, "batch query_pos key_pos"]:
     """The pattern of one planted head; for a causal task, restricted to keys at or before the
     query (and renormalised), as the causal mask would."""
     if kind == "association":
@@ -87,7 +88,8 @@ def parse_planted(spec: dict[str, str], n_layers: int, n_heads: int) -> dict[int
         except ValueError:
             raise ConfigError(f"model.planted key {where!r} is not 'layer.head' (layer may be '*')") from None
         if not (all(0 <= x < n_layers for x in layers) and 0 <= head_index < n_heads):
-            raise ConfigError(f"model.planted key {where!r} is outside layers 0..{n_layers - 1}, heads 0..{n_heads - 1}")
+            raise ConfigError(f"model.planted key {where!r} is outside layers 0..{n_layers - 1}, "
+                              f"heads 0..{n_heads - 1}")
         for x in layers:
             plan.setdefault(x, {})[head_index] = kind
     return plan
@@ -136,7 +138,8 @@ def _pattern_hook(heads: dict[int, str], task: Task, state: dict[str, Tensor | N
                 "residual stream must pass tokens=..., or run inside models.planted.token_context(model, tokens)")
         if pattern.shape[0] != tokens.shape[0]:
             if pattern.shape[0] % tokens.shape[0]:
-                raise RuntimeError(f"planted heads: batch {pattern.shape[0]} is no multiple of the token ids' {tokens.shape[0]}")
+                raise RuntimeError(f"planted heads: batch {pattern.shape[0]} is no multiple of the token ids' "
+                                   f"{tokens.shape[0]}")
             tokens = tokens.repeat(pattern.shape[0] // tokens.shape[0], 1)
         pattern = pattern.clone()
         for head, kind in heads.items():

@@ -246,7 +246,8 @@ def append_line(path: Path, line: str) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise RunFolderError(f"{path} is a symbolic link; the workbench never writes through one. Remove it") from None
+            raise RunFolderError(f"{path} is a symbolic link; the workbench never writes through one. "
+                                 "Remove it") from None
         raise _naming(err, path) from None
     try:
         with os.fdopen(fd, "a") as f:
@@ -319,8 +320,8 @@ def open_regular(path: Path, limit: int | None = None) -> Iterator[tuple[int, in
             raise RunFolderError(f"{path} is {kind}, not a regular file; the workbench reads only regular files. "
                                  f"Replace it with the file it should be")
         if info.st_size > limit:
-            raise RunFolderError(f"{path} holds {info.st_size:,} bytes, more than a {Path(path).name} can sensibly hold "
-                                 f"({limit:,}); it is damaged or not the workbench's")
+            raise RunFolderError(f"{path} holds {info.st_size:,} bytes, more than a {Path(path).name} can sensibly "
+                                 f"hold ({limit:,}); it is damaged or not the workbench's")
         yield fd, info.st_size
     finally:
         os.close(fd)

@@ -51,7 +51,8 @@ class CompositeConfig:
         if self.value_min <= n:
             raise ConfigError(f"task.value_min={self.value_min} collides with anchor ids 1..{n}; use value_min > {n}")
         if self.value_max - self.value_min < 2 * self.seq_len:
-            raise ConfigError(f"task.value_max={self.value_max} leaves too few values; use value_max >= value_min + {2 * self.seq_len}")
+            raise ConfigError(f"task.value_max={self.value_max} leaves too few values; use value_max >= value_min + "
+                              f"{2 * self.seq_len}")
         if self.seq_len < 3:
             raise ConfigError(f"task.seq_len={self.seq_len} has no room for key and pair; use seq_len >= 3")
         if self.value_min + min(self.shifts) * 2 < 0 or self.value_min + min(self.overrides.values(), default=0) < 0:
@@ -61,11 +62,13 @@ class CompositeConfig:
         if self.key_modulus is not None:
             values = range(self.value_min, self.value_max + 1)
             bare = [p for p in range(self.seq_len - 2)
-                    if not any(x % self.key_modulus == p for x in values) or all(x % self.key_modulus == p for x in values)]
+                    if not any(x % self.key_modulus == p for x in values)
+                    or all(x % self.key_modulus == p for x in values)]
             if self.key_modulus < 1 or bare:
-                raise ConfigError(f"task.key_modulus={self.key_modulus} leaves key positions {bare or 'all'} without test "
-                                  f"or training keys among values {self.value_min}..{self.value_max}; use a modulus "
-                                  f"from {self.seq_len - 2} to about {self.value_max - self.value_min}, or null")
+                raise ConfigError(f"task.key_modulus={self.key_modulus} leaves key positions {bare or 'all'} without "
+                                  f"test or training keys among values {self.value_min}..{self.value_max}; use a "
+                                  f"modulus from {self.seq_len - 2} to about {self.value_max - self.value_min}, "
+                                  "or null")
 
 
 def parse_pair(pair: str, n_anchors: int) -> tuple[int, int]:
@@ -92,7 +95,8 @@ class CompositeTask(UnpaddedTask):
         shifts = torch.tensor(cfg.shifts)
         self.inferential_shift = torch.tensor([shifts[a1 - 1] + shifts[a2 - 1] for a1, a2 in self.pairs])
         overrides = {parse_pair(p, n): s for p, s in cfg.overrides.items()}
-        self.trained_shift = torch.tensor([overrides.get(p, int(s)) for p, s in zip(self.pairs, self.inferential_shift)])
+        self.trained_shift = torch.tensor([overrides.get(p, int(s))
+                                           for p, s in zip(self.pairs, self.inferential_shift)])
         held = {parse_pair(p, n) for p in cfg.held_out}
         self.is_held_out = torch.tensor([p in held for p in self.pairs])
         self.mirror = torch.tensor([self.pairs.index((a2, a1)) for a1, a2 in self.pairs])  # pair id -> (a2, a1)'s
@@ -138,7 +142,8 @@ class CompositeTask(UnpaddedTask):
         return table[key_pos, index]
 
     def sample(
-        self, n: int, gen: torch.Generator, split: str = "train", pair_ids: Tensor | None = None, key_pos: int | None = None
+        self, n: int, gen: torch.Generator, split: str = "train", pair_ids: Tensor | None = None,
+        key_pos: int | None = None
     ) -> Batch:
         """`n` sequences. Training draws only trained pairs and training keys; "test" draws every
         pair (held-out ones included) with test keys. `pair_ids` forces the pairs; `key_pos`
@@ -181,7 +186,8 @@ class CompositeTask(UnpaddedTask):
         latents = {**latents, "held_out": held, "inferential": inferential, "symmetric": symmetric}
         return Batch(tokens, labels, label_pos, ones, ~held.unsqueeze(1), latents)
 
-    def corrupt(self, batch: Batch, gen: torch.Generator, change: str = "key") -> tuple[Batch, Bool[Tensor, "batch label"]]:
+    def corrupt(self, batch: Batch, gen: torch.Generator,
+                change: str = "key") -> tuple[Batch, Bool[Tensor, "batch label"]]:
         """A twin with the key changed (`change="key"`), or the first or second anchor changed
         (`"anchor1"`, `"anchor2"`) to another anchor whose pair is not held out. Returns the twin
         and which labels changed."""

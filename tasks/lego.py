@@ -296,7 +296,8 @@ class LegoTask:
         edge = torch.full((depth_of_slot.shape[0], 1), -1)
         return torch.cat([edge, depth_of_slot.repeat_interleave(CLAUSE_LEN, dim=1), edge], dim=1)
 
-    def _loss_mask(self, present: Bool[Tensor, "batch var"], length: Int[Tensor, " batch"]) -> Bool[Tensor, "batch var"]:
+    def _loss_mask(self, present: Bool[Tensor, "batch var"],
+                   length: Int[Tensor, " batch"]) -> Bool[Tensor, "batch var"]:
         index = torch.arange(present.shape[1]).unsqueeze(0)
         if self.cfg.supervision == "all":
             return present
@@ -350,7 +351,8 @@ class LegoTask:
         lhs, rhs = lhs[:, :n_clauses], rhs[:, :n_clauses]
         variable = (lhs >= len(SPECIALS)) & (lhs < self.first_element)
         depth = torch.where(variable & (rhs >= self.first_value), 0, -1)
-        reads = (rhs.unsqueeze(2) == lhs.unsqueeze(1)) & variable.unsqueeze(1) & variable.unsqueeze(2)  # clause -> parent
+        # clause -> parent
+        reads = (rhs.unsqueeze(2) == lhs.unsqueeze(1)) & variable.unsqueeze(1) & variable.unsqueeze(2)
         for _ in range(n_clauses):
             parent = torch.where(reads, depth.unsqueeze(1), -1).amax(-1)
             depth = torch.where((depth < 0) & (parent >= 0), parent + 1, depth)

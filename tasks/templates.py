@@ -157,7 +157,8 @@ class TemplatesTask(UnpaddedTask):
         printed = names.gather(1, query.unsqueeze(1))
         return torch.cat([clauses.flatten(1), torch.full((n, 1), PRINT), printed], dim=1)
 
-    def corrupt(self, batch: Batch, gen: torch.Generator, change: str = "label") -> tuple[Batch, Bool[Tensor, "batch label"]]:
+    def corrupt(self, batch: Batch, gen: torch.Generator,
+                change: str = "label") -> tuple[Batch, Bool[Tensor, "batch label"]]:
         """A twin whose label differs, changed in one named way:
           same_different  "label": the second symbol is swapped (`a a` <-> `a b`)
           binding         "label": the printed variable's value is flipped;

@@ -76,7 +76,8 @@ def attribution_patch(
     if qk_fix and kind not in QK_KINDS:
         raise ValueError(f"qk_fix applies to the kinds {QK_KINDS} (a head's queries and keys), not {kind!r}")
     if steps > 1 and (qk_fix or grad_drop):
-        raise ValueError("qk_fix and grad_drop are options of one-step attribution (steps=1), not of integrated gradients")
+        raise ValueError("qk_fix and grad_drop are options of one-step attribution (steps=1), not of integrated "
+                         "gradients")
     sweep = _validate(model, clean_tokens, corrupted_tokens, kind, over, direction, layers)
     names = [sweep.activation.name(layer) for layer in sweep.layers]
     # an activation read at or after the last block's resid_mid needs every position there
@@ -86,7 +87,8 @@ def attribution_patch(
     flat_masks = cells.masks.flatten(1).float()
     if steps > 1:
         sources, targets, grads, clean_metric, corrupted_metric = _integrated_terms(
-            model, clean_tokens, corrupted_tokens, metric, names, direction, final_hooks, steps=steps, max_batch=max_batch)
+            model, clean_tokens, corrupted_tokens, metric, names, direction, final_hooks, steps=steps,
+            max_batch=max_batch)
         deltas = torch.stack([flat_masks @ (grad * (source - target)).sum(dim=(0, -1)).flatten()
                               for source, target, grad in zip(sources, targets, grads)])
     else:
@@ -124,15 +126,17 @@ class _FirstOrder:
                  final_hooks: list[tuple[str, Any]], qk_fix: bool):
         self.model, self.metric, self.sweep, self.final_hooks, self.qk_fix = model, metric, sweep, final_hooks, qk_fix
         self.names = [sweep.activation.name(layer) for layer in sweep.layers]
-        source_tokens, self.target_tokens = (clean, corrupted) if sweep.direction == DIRECTIONS[0] else (corrupted, clean)
+        clean_source = sweep.direction == DIRECTIONS[0]  # clean activations patched into the corrupted run
+        source_tokens, self.target_tokens = (clean, corrupted) if clean_source else (corrupted, clean)
         # with the QK fix, the source's query (key) after rotary is what the patched logits read
         self.source_names = [self._qk_name(layer, sweep.kind) for layer in sweep.layers] if qk_fix else self.names
         with torch.no_grad(), model.hooks(fwd_hooks=final_hooks):
             source_logits, cache = model.run_with_cache(source_tokens, names_filter=lambda h: h in self.source_names)
         self.source = [cache[name] for name in self.source_names]
         target_logits, self.target, self.grads = self._backward(drop_layer=None)
-        clean_logits, corrupted_logits = (source_logits, target_logits)[:: 1 if sweep.direction == DIRECTIONS[0] else -1]
-        self.clean_metric, self.corrupted_metric = _baselines(metric, torch.cat([clean_logits, corrupted_logits]), clean.shape[0])
+        clean_logits, corrupted_logits = (source_logits, target_logits)[:: 1 if clean_source else -1]
+        self.clean_metric, self.corrupted_metric = _baselines(metric, torch.cat([clean_logits, corrupted_logits]),
+                                                              clean.shape[0])
 
     def _qk_name(self, layer: int, kind: str) -> str:
         rotary = self.model.cfg.positional_embedding_type == "rotary"
@@ -159,7 +163,8 @@ class _FirstOrder:
         hooks = [("hook_embed", lambda act, hook: act.detach().requires_grad_(True))]
         hooks += [(name, save) for name in [*values, *wrt]]
         if drop_layer is not None:  # GradDrop: same forward values, no gradient through layer l's outputs
-            hooks += [(f"blocks.{drop_layer}.hook_{part}_out", lambda act, hook: act.detach()) for part in ("attn", "mlp")]
+            hooks += [(f"blocks.{drop_layer}.hook_{part}_out", lambda act, hook: act.detach())
+                      for part in ("attn", "mlp")]
         with torch.enable_grad(), self.model.hooks(fwd_hooks=hooks + self.final_hooks):
             logits = self.model(self.target_tokens)
             grads = torch.autograd.grad(_mean_metric(self.metric, logits), [saved[n] for n in wrt], allow_unused=True)
@@ -200,7 +205,8 @@ class _FirstOrder:
                 one_hot = torch.nn.functional.one_hot(keys, n_pos).to(scores.dtype)  # [c key]
                 moved = scores.unsqueeze(-2) + shift[..., keys].unsqueeze(-1) * one_hot  # [batch head query c key]
                 patched = torch.softmax(moved, dim=-1).nan_to_num(0.0)
-                change = (grad_pattern.unsqueeze(-2) * (patched - pattern.unsqueeze(-2))).sum(-1)  # [batch head query c]
+                # [batch head query c]
+                change = (grad_pattern.unsqueeze(-2) * (patched - pattern.unsqueeze(-2))).sum(-1)
                 per_entry[:, keys] = change.sum(dim=(0, 2))
         per_entry = per_entry.clone()
         for head in getattr(self.model, "planted_plan", {}).get(layer, {}):

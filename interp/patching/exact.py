@@ -165,7 +165,8 @@ def _patched_runs(
         yield out.view(len(chunk), n, *out.shape[1:])
 
 
-def forward_from(model: HookedTransformer, resid: Float[Tensor, "batch pos d_model"], layer: int, **kwargs: Any) -> Tensor:
+def forward_from(model: HookedTransformer, resid: Float[Tensor, "batch pos d_model"], layer: int,
+                 **kwargs: Any) -> Tensor:
     """`model(resid, start_at_layer=layer, **kwargs)`, with what a full forward gives every block
     besides the residual stream: a shortformer model's positional embedding, which its blocks add
     to the inputs of queries and keys (and which `start_at_layer` alone leaves out)."""

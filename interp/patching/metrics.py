@@ -28,7 +28,8 @@ class LogitDiff:
             raise ValueError(f"the metric was built for {len(self.pos)} pairs but got logits for {logits.shape[0]}")
         rows = torch.arange(len(self.pos), device=logits.device)
         at_label = logits[rows, self.pos.to(logits.device)]  # [batch d_vocab_out]
-        return at_label[rows, self.clean_label.to(logits.device)] - at_label[rows, self.corrupted_label.to(logits.device)]
+        clean, corrupted = self.clean_label.to(logits.device), self.corrupted_label.to(logits.device)
+        return at_label[rows, clean] - at_label[rows, corrupted]
 
 
 def logit_diff_metric(clean: Batch, corrupted: Batch, label_index: int = 0) -> LogitDiff:

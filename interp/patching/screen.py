@@ -31,7 +31,8 @@ def verification_cost(estimate: PatchResult, exact: PatchResult, k: int = 3) -> 
     Cells whose exact effect is nil (below 1e-6 of the largest) are never among the top k: when
     fewer than k cells do anything, those few are the ones to find."""
     if estimate.raw.shape != exact.raw.shape:
-        raise ValueError(f"estimate {tuple(estimate.raw.shape)} and exact {tuple(exact.raw.shape)} cover different cells")
+        raise ValueError(f"estimate {tuple(estimate.raw.shape)} and exact {tuple(exact.raw.shape)} cover different "
+                         "cells")
     sizes = effect_sizes(estimate).flatten()
     if not sizes.isfinite().all():
         raise ValueError("the estimate holds a non-finite value; no order of verification can be read from it")
@@ -61,7 +62,8 @@ class Screened:
 
     def strongest(self, n: int = 5) -> list[tuple[tuple[int, ...], float]]:
         """The verified cells with the largest exact |effect|, with their normalised value."""
-        target = self.estimate.corrupted_metric if self.estimate.direction == DIRECTIONS[0] else self.estimate.clean_metric
+        estimate = self.estimate
+        target = estimate.corrupted_metric if estimate.direction == DIRECTIONS[0] else estimate.clean_metric
         order = (self.raw - target).abs().argsort(descending=True, stable=True)[:n]
         return [(self.cells[i], self.values[i].item()) for i in order.tolist()]
 

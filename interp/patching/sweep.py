@@ -91,8 +91,8 @@ def _validate(
     direction: str, layers: Sequence[int] | None, max_batch: int = 1,
 ) -> _Sweep:
     if clean.dim() != 2 or clean.shape != corrupted.shape:
-        raise ValueError(f"clean_tokens {tuple(clean.shape)} and corrupted_tokens {tuple(corrupted.shape)} must both be "
-                         "[batch pos] with the same shape (counterfactual pairs, one row each)")
+        raise ValueError(f"clean_tokens {tuple(clean.shape)} and corrupted_tokens {tuple(corrupted.shape)} must both "
+                         "be [batch pos] with the same shape (counterfactual pairs, one row each)")
     if kind not in ACTIVATIONS:
         raise ValueError(f"activation kind {kind!r} is unknown; use one of {sorted(ACTIVATIONS)}")
     activation = ACTIVATIONS[kind]

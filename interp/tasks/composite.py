@@ -128,7 +128,8 @@ def other_answers(pred: Int[Tensor, " batch"], held: Batch, task: CompositeTask,
     return rows
 
 
-def _rate_by_key_position(pred: Int[Tensor, " batch"], held: Batch, answer: str, n_positions: int) -> list[float | None]:
+def _rate_by_key_position(pred: Int[Tensor, " batch"], held: Batch, answer: str,
+                          n_positions: int) -> list[float | None]:
     """Per key position, the share of `pred` equal to the `answer` latent (None: no sequence there)."""
     positions = held.latents["key_pos"]
     rates = []
@@ -176,7 +177,8 @@ def composite_attention_flow(model: HookedTransformer, batch: Batch) -> dict[str
 
 
 @torch.no_grad()
-def last_token_similarity(model: HookedTransformer, task: CompositeTask, batch: Batch, gen: torch.Generator) -> tuple[float, float]:
+def last_token_similarity(model: HookedTransformer, task: CompositeTask, batch: Batch,
+                          gen: torch.Generator) -> tuple[float, float]:
     """Mean cosine similarity of the final last-token residual between each input and a twin
     with another trained pair and a key chosen so that the target is the same; and, as a
     baseline, with a twin whose key gives a different target."""
@@ -432,7 +434,8 @@ def composite_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
 def composite_timeline_panels(verdict: dict[str, Any]) -> dict[str, dict[str, float]]:
     """The timeline's evidence: seen accuracy and the held-out pair's answers (x-10 inferential,
     x-6 symmetric, other), and each answer's rate per key position."""
-    answers = {"seen accuracy": verdict["seen_accuracy"], "held-out x-10 (inferential)": verdict["held_out_inferential"],
+    answers = {"seen accuracy": verdict["seen_accuracy"],
+               "held-out x-10 (inferential)": verdict["held_out_inferential"],
                "held-out x-6 (symmetric)": verdict["held_out_symmetric"], "held-out other": verdict["held_out_other"]}
     panels = {"held-out answers": answers}
     for answer, title in (("inferential", "x-10 by key position"), ("symmetric", "x-6 by key position")):
@@ -443,7 +446,8 @@ def composite_timeline_panels(verdict: dict[str, Any]) -> dict[str, dict[str, fl
 
 def composite_verdict_rates(verdict: dict[str, Any]) -> dict[str, float]:
     """The rates that decide a composite verdict: seen-pair accuracy, held-out x-10 and x-6."""
-    return {"seen": verdict["seen_accuracy"], "x-10": verdict["held_out_inferential"], "x-6": verdict["held_out_symmetric"]}
+    return {"seen": verdict["seen_accuracy"], "x-10": verdict["held_out_inferential"],
+            "x-6": verdict["held_out_symmetric"]}
 
 
 def composite_summary(record: dict[str, Any]) -> dict[str, Any] | None:

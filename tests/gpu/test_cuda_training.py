@@ -37,7 +37,8 @@ def losses(run_dir: Path) -> list[float]:
 def test_a_cuda_run_learns_and_follows_the_cpu_run_of_its_seed(tmp_path):
     runs = {}
     for device in ("cpu", "cuda"):
-        Trainer(tiny_composite_run(steps=60, eval_every=10, lr=3e-3, device=device), tmp_path / device, progress=False).fit()
+        Trainer(tiny_composite_run(steps=60, eval_every=10, lr=3e-3, device=device), tmp_path / device,
+                progress=False).fit()
         runs[device] = losses(tmp_path / device)
     assert runs["cuda"][-1] < runs["cuda"][0] - 0.2  # it learns (the CPU run: 5.02 -> 4.71)
     assert runs["cuda"] == pytest.approx(runs["cpu"], abs=1e-3)
@@ -101,7 +102,8 @@ def test_exact_patching_equals_transformer_lens_on_cuda():
             _, clean_cache = model.run_with_cache(clean.tokens)
         for ours, theirs in SWEEPS:
             with torch.no_grad():
-                expected = theirs(model, corrupted.tokens, clean_cache, lambda logits, metric=metric: metric(logits).mean())
+                expected = theirs(model, corrupted.tokens, clean_cache,
+                                  lambda logits, metric=metric: metric(logits).mean())
             result = ours(model, clean.tokens, corrupted.tokens, metric, direction="clean_to_corrupted", max_batch=24)
             assert (result.raw.to(expected.device) - expected).abs().max() <= 1e-4, ours.__name__
             assert expected.std() > 1e-3
@@ -118,7 +120,8 @@ def test_a_cuda_trained_run_loads_and_is_analyzed_on_the_cpu(tmp_path, capsys):
     analysis = json.loads((out / "analysis.json").read_text())
     assert analysis["task"] == "lego" and len(analysis["heads"]["labels"]) == 2
     # the CPU copy of the weights gives the eval loss the CUDA trainer recorded
-    batch = run.task.sample(run.config.train.eval_size, seeded_generator(run.config.train.seed + 1_000_003), split="test")
+    batch = run.task.sample(run.config.train.eval_size, seeded_generator(run.config.train.seed + 1_000_003),
+                            split="test")
     with torch.no_grad():
         picked = logits_at_labels(forward(run.model, batch.tokens), batch.label_pos)
     scored = batch.label_mask & batch.loss_mask

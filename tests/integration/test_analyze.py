@@ -33,7 +33,8 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     assert analysis["patching"]["heads_attribution_spearman"] == pytest.approx(spearman(estimate, exact))
     page = (out / "report.html").read_text()
     ranked = exact.numel() >= 5  # composite-cpu has 2 heads: no rank correlation over them is printed
-    assert (f"Spearman correlation with exact: {analysis['patching']['heads_attribution_spearman']:.2f}" in page) == ranked
+    written = analysis["patching"]["heads_attribution_spearman"]
+    assert (f"Spearman correlation with exact: {written:.2f}" in page) == ranked
     assert ("Rank correlation with exact: n/a (fewer than 5 heads)" in page) == (not ranked)
     # AtP*'s yardstick: heads verified in attribution's order until exact's top heads are all found
     verified = analysis["patching"]["heads_attribution_verified"]
@@ -50,7 +51,8 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     assert f"GradDrop {per_estimate['graddrop']['heads']}" in page and "workbench benchmark --patching" in page
     verdict = analysis["verdict"]  # what the verdict reads from the circuit graph
     if task == "lego":
-        assert len(verdict["findings_from_circuit"]) == 1 and verdict["findings_from_circuit"][0].startswith("circuit: ")
+        assert len(verdict["findings_from_circuit"]) == 1
+        assert verdict["findings_from_circuit"][0].startswith("circuit: ")
         assert html.escape(verdict["findings_from_circuit"][0]) in page
     elif task == "composite":
         assert verdict["route"].endswith("logits") or verdict["route"] == "no circuit edge reaches the logits"
@@ -61,8 +63,10 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
         assert paths["refused"] is None and paths["strongest"]
         assert all(r == "logits" or r.split(".")[1] in ("q", "k", "v") for _, r, _ in paths["strongest"])
     circuit = paths["circuit"]  # the fewest heads keeping 90%, measured; its curve starts and ends where it must
-    assert len(circuit["curve"]) == 2 * 4 + 1 if task == "templates" else len(circuit["curve"]) == 2 * len(analysis["heads"]["labels"][0]) + 1
-    assert abs(circuit["curve"][-1] - 1.0) <= 1e-4 and circuit["faithfulness"] == circuit["curve"][len(circuit["nodes"])]
+    n_heads = 4 if task == "templates" else len(analysis["heads"]["labels"][0])
+    assert len(circuit["curve"]) == 2 * n_heads + 1
+    assert abs(circuit["curve"][-1] - 1.0) <= 1e-4
+    assert circuit["faithfulness"] == circuit["curve"][len(circuit["nodes"])]
     # MIB's areas of the faithfulness curves, on the page too: CPR over heads is the curve's mean height, between its
     # lowest and highest points, CMD the mean distance from 1 (>= 0); over edges where path patching ran
     areas = circuit["areas"]
@@ -74,12 +78,14 @@ def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
     assert f"resample ablation: CPR {resample['cpr']:.2f}, CMD {resample['cmd']:.2f}" in page
     assert (areas["edges"] is None) == (task == "templates")
     if areas["edges"] is not None:
-        assert areas["edges"]["cmd"] >= 0 and f"CPR {areas['edges']['cpr']:.2f}, CMD {areas['edges']['cmd']:.2f}." in page
+        assert areas["edges"]["cmd"] >= 0
+        assert f"CPR {areas['edges']['cpr']:.2f}, CMD {areas['edges']['cmd']:.2f}." in page
     if task == "templates" or not circuit["nodes"]:  # no edges to ablate: said so on the page
         assert circuit["edge_faithfulness"] is None and circuit["edges"] == []
     else:  # the edges left after pruning keep what the heads keep, up to the target, and the page says so
         assert circuit["edge_faithfulness"] >= min(circuit["target"], circuit["faithfulness"]) - 1e-6
-        assert len(circuit["edges"]) <= circuit["candidate_edges"] and f"{circuit['candidate_edges']} edges among" in page
+        assert len(circuit["edges"]) <= circuit["candidate_edges"]
+        assert f"{circuit['candidate_edges']} edges among" in page
     for section in ["Verdict", "Attention heads", "Activation patching", "Path patching", "Circuit", "Training curves",
                     "Attention patterns"]:
         assert f"<h2>{section}</h2>" in page
@@ -238,7 +244,8 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     from interp.patching import PatchResult
     from interp.run_report import build_run_report
     from interp.tasks.composite import CompositeProbeMap, CompositeVerdict
-    from interp.tasks.lego import LegoVerdict, ProbeMap
+    from interp.tasks.lego_probes import ProbeMap
+    from interp.tasks.lego_verdict import LegoVerdict
     from interp.tasks.templates import TemplatesVerdict
     from models.runs import load_run
 
@@ -251,7 +258,8 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     assert set(analysis.patching.estimates) == {"atp", "graddrop", "ig4"}
     assert isinstance(analysis.verdict, {"lego": LegoVerdict, "composite": CompositeVerdict,
                                          "templates": TemplatesVerdict}[task])
-    assert isinstance(analysis.probes, {"lego": ProbeMap, "composite": CompositeProbeMap, "templates": type(None)}[task])
+    assert isinstance(analysis.probes,
+                      {"lego": ProbeMap, "composite": CompositeProbeMap, "templates": type(None)}[task])
     if task == "lego":  # what the circuit graph adds to the verdict is a field of it
         assert analysis.verdict.findings_from_circuit[0].startswith("circuit: ")
     written = analysis.to_dict()
@@ -270,12 +278,14 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     evidence = written["heads"].pop("evidence")  # added since (schema 3): each label with its patching share
     assert len(evidence["status"]) == len(written["heads"].pop("where")) == len(written["heads"]["labels"])
     kinds_aside = lambda tree: {**tree, "heads": {**tree["heads"], "scores": {}, "thresholds": {}}}  # noqa: E731
-    assert _key_tree(kinds_aside(written)) == _key_tree(kinds_aside(before))  # the kinds changed since (issue 28, part 5)
+    # the kinds changed since (issue 28, part 5)
+    assert _key_tree(kinds_aside(written)) == _key_tree(kinds_aside(before))
     write_analysis(run, analysis)
     assert read_analysis(out) == json.loads(json.dumps(analysis.to_dict()))  # what was written comes back
     (out / "analysis.json").write_text(json.dumps(before))  # the older file renders every section
     page = build_run_report(run).to_html()
-    assert all(f"<h2>{section}</h2>" in page for section in ["Verdict", "Activation patching", "Path patching", "Circuit"])
+    assert all(f"<h2>{section}</h2>" in page
+               for section in ["Verdict", "Activation patching", "Path patching", "Circuit"])
 
 
 def test_a_learned_models_circuit_areas_lie_in_0_1_in_analysis_json_and_the_report(tmp_path):
@@ -344,7 +354,8 @@ def _sections(analysis):
     return report.to_html()
 
 
-@pytest.mark.parametrize("schema, says", [(4, "is analysis.json schema 4, newer than this workbench reads (schema 1 to 3)"),
+@pytest.mark.parametrize("schema, says",
+                         [(4, "is analysis.json schema 4, newer than this workbench reads (schema 1 to 3)"),
                                           ("2", "holds schema='2', which is no version of analysis.json (1 to 3)"),
                                           (0, "holds schema=0")])
 def test_an_analysis_json_of_a_newer_or_no_schema_is_refused_naming_the_file_and_the_versions(tmp_path, schema, says):

@@ -22,15 +22,16 @@ BAD_VALUES = [
     ("lego-cpu", "task.identity_prob", "-0.1", "identity_prob=-0.1"),
     ("lego-cpu", "task.ordered_fraction", "NaN", "ordered_fraction=nan"),
     ("lego-cpu", "task.forest_fraction", "2", "forest_fraction=2"), ("lego-cpu", "task.cut_prob", "-1", "cut_prob=-1"),
-    ("lego-cpu", "task.mention_labels", "both", "mention_labels='both'"), ("lego-cpu", "task.n_letters", "3", "n_letters=3"),
+    ("lego-cpu", "task.mention_labels", "both", "mention_labels='both'"),
+    ("lego-cpu", "task.n_letters", "3", "n_letters=3"),
     ("lego-cpu", "model.n_layers", "0", "n_layers=0"), ("lego-cpu", "model.d_model", "0", "d_model=0"),
     ("lego-cpu", "model.n_heads", "0", "n_heads=0"), ("lego-cpu", "model.d_head", "-4", "d_head=-4"),
     ("lego-cpu", "model.d_mlp", "0", "d_mlp=0"), ("lego-cpu", "model.act_fn", "tanhh", "act_fn='tanhh'"),
     ("lego-cpu", "model.normalization", "BN", "normalization='BN'"),
     ("lego-cpu", "model.norm_position", "middle", "norm_position='middle'"),
     ("lego-cpu", "model.positional", "alibi", "positional='alibi'"),
-    ("lego-cpu", "model.init_gamma", "-1", "init_gamma=-1"), ("lego-cpu", "model.init_gamma", "Infinity", "init_gamma=inf"),
-    ("lego-cpu", "model.min_depth", "9", "min_depth=9"),
+    ("lego-cpu", "model.init_gamma", "-1", "init_gamma=-1"),
+    ("lego-cpu", "model.init_gamma", "Infinity", "init_gamma=inf"), ("lego-cpu", "model.min_depth", "9", "min_depth=9"),
     ("lego-cpu", "model.planted", '{"9.0":"association"}', "'9.0'"),
     ("lego-cpu", "model.planted", '{"1.0":"mystery"}', "'mystery'"),
     ("lego-cpu", "model.identity_off_diagonal", "true", "identity_off_diagonal"),
@@ -46,8 +47,10 @@ BAD_VALUES = [
     ("lego-cpu", "train.identity_lr_scale", "0", "identity_lr_scale=0"),
     ("lego-cpu", "train.weight_decay_on", "biases", "weight_decay_on='biases'"),
     ("composite-cpu", "model.unembed_bias_init", "normal", "unembed_bias_init='normal'"),
-    ("lego-cpu", "train.plateau_evals", "0", "plateau_evals=0"), ("lego-cpu", "train.plateau_tol", "1", "plateau_tol=1"),
-    ("composite-cpu", "task.shifts", '["a","b"]', "shifts[0]='a'"), ("composite-cpu", "task.shifts", "[]", "shifts is empty"),
+    ("lego-cpu", "train.plateau_evals", "0", "plateau_evals=0"),
+    ("lego-cpu", "train.plateau_tol", "1", "plateau_tol=1"),
+    ("composite-cpu", "task.shifts", '["a","b"]', "shifts[0]='a'"),
+    ("composite-cpu", "task.shifts", "[]", "shifts is empty"),
     ("composite-cpu", "task.seq_len", "2", "seq_len=2"), ("composite-cpu", "task.value_min", "2", "value_min=2"),
     ("composite-cpu", "task.held_out", '["4,7"]', "'4,7'"),
     ("composite-cpu", "model.init_gamma", "NaN", "init_gamma=nan"),
@@ -55,7 +58,8 @@ BAD_VALUES = [
     ("templates-cpu", "task.n_train_symbols", "1", "n_train_symbols=1"),
     ("lego-cpu", "train.init_from", '""', "init_from=''"),
     ("lego-cpu", "train.init_from", "no/such/run", "no/such/run"),
-    ("lego-cpu", "task.name", '["lego"]', "task.name=['lego']"), ("lego-cpu", "task.name", "chess", "task.name='chess'"),
+    ("lego-cpu", "task.name", '["lego"]', "task.name=['lego']"),
+    ("lego-cpu", "task.name", "chess", "task.name='chess'"),
 ]
 IDS = [f"{preset}:{key}={value}" for preset, key, value, _ in BAD_VALUES]
 
@@ -101,7 +105,8 @@ def test_hand_edited_config_json(tmp_path, capsys, preset, key, value, named):
 # deleted, what the message must name)
 BAD_SECTIONS = [
     ("lego-cpu", "task", None, "no task section"), ("lego-cpu", "task", '["lego"]', "the task section is ['lego']"),
-    ("composite-cpu", "model", "[1]", "the model section is [1]"), ("composite-cpu", "train", '"x"', "the train section is 'x'"),
+    ("composite-cpu", "model", "[1]", "the model section is [1]"),
+    ("composite-cpu", "train", '"x"', "the train section is 'x'"),
     ("templates-cpu", "model", "null", "the model section is None"),
 ]
 
@@ -129,7 +134,8 @@ def test_hand_edited_config_json_section(tmp_path, capsys, preset, section, valu
 SWEEP_VALUES = [row for row in BAD_VALUES if row[0] == "composite-cpu" or row[1].startswith("train.")][:12]
 
 
-@pytest.mark.parametrize(("preset", "key", "value", "named"), SWEEP_VALUES, ids=[f"{r[0]}:{r[1]}={r[2]}" for r in SWEEP_VALUES])
+@pytest.mark.parametrize(("preset", "key", "value", "named"), SWEEP_VALUES,
+                         ids=[f"{r[0]}:{r[1]}={r[2]}" for r in SWEEP_VALUES])
 def test_bad_value_in_a_sweep_grid(tmp_path, capsys, preset, key, value, named):
     out = tmp_path / "sweep"
     grid = f"{key}={value}" if "," in value or value.startswith("[") else f"{key}={_good(preset, key)},{value}"
@@ -145,7 +151,8 @@ def _good(preset: str, key: str) -> str:
 
 
 STUDY_OPTIONS = [
-    (["composite-phase", "--scale", "huge"], "'huge'"), (["composite-phase", "--scale", "tiny", "--workers", "0"], "--workers 0"),
+    (["composite-phase", "--scale", "huge"], "'huge'"),
+    (["composite-phase", "--scale", "tiny", "--workers", "0"], "--workers 0"),
     (["composite-phase", "--scale", "tiny", "--seeds", "1,1"], "(1, 1)"),
     (["composite-phase", "--scale", "tiny", "--set", "model.init_gamma=-1"], "init_gamma=-1"),
     (["composite-phase", "--scale", "tiny", "--set", "model.norm_position=middle"], "norm_position='middle'"),
@@ -186,8 +193,9 @@ def test_a_model_too_large_for_memory_in_config_json_exits_2_naming_the_sizes(tm
     """A hand-edited huge d_model: report and analyze refuse it (exit 2, the sizes named) instead
     of failing on allocation with a traceback; the folder is unchanged."""
     out = tmp_path / "run"
-    assert main(["train", "--preset", "composite-cpu", "--out", str(out), "--set", "model.d_model=32", "--set", "model.d_mlp=64",
-                 "--set", "train.steps=4", "--set", "train.eval_every=2", "--set", "train.eval_size=50", "--no-progress"]) == 0
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), "--set", "model.d_model=32",
+                 "--set", "model.d_mlp=64", "--set", "train.steps=4", "--set", "train.eval_every=2",
+                 "--set", "train.eval_size=50", "--no-progress"]) == 0
     data = json.loads((out / "config.json").read_text())
     data["model"]["d_model"] = 10**12
     (out / "config.json").write_text(json.dumps(data))

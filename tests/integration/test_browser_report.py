@@ -149,7 +149,8 @@ def test_lego_report_renders_offline_and_shows_html_tokens_as_text(browser, lego
     assert all(f["png"] and f["complete"] and f["width"] > 0 for f in shown)
     assert page.evaluate("window.__pwned") is None
     # the circuit graph: an inline SVG with one node per head, drawn with a real size
-    graph = page.evaluate("""(() => { const svg = document.querySelector('svg.circuit'); const box = svg.getBoundingClientRect();
+    graph = page.evaluate("""(() => { const svg = document.querySelector('svg.circuit');
+        const box = svg.getBoundingClientRect();
         return {circles: svg.querySelectorAll('circle').length, width: box.width, height: box.height}; })()""")
     assert graph["circles"] == 2 * 2 and graph["width"] > 100 and graph["height"] > 100
     page.locator("svg.circuit").screenshot(path=str(lego_report.parent / "circuit.png"))
@@ -192,7 +193,8 @@ def test_report_of_every_head_of_a_6_layer_model_stays_under_5_mb(tmp_path):
     torch.set_num_threads(1)
     cfg = RunConfig(task=LegoConfig(n_vars=12, n_supervised=6),
                     model=ModelConfig(n_layers=6, d_model=48, n_heads=12, d_head=4, d_mlp=96),
-                    train=TrainConfig(steps=2, batch_size=8, warmup_steps=1, eval_every=2, eval_size=32, checkpoint_every=2))
+                    train=TrainConfig(steps=2, batch_size=8, warmup_steps=1, eval_every=2, eval_size=32,
+                                      checkpoint_every=2))
     Trainer(cfg, tmp_path, progress=False).fit()
     page = write_run_report(load_run(tmp_path))
     page_text = page.read_text()
@@ -289,7 +291,8 @@ def assert_reads_like_an_appendix(page) -> dict[str, str]:
 def assert_node_labels_fit(page, n_heads: int) -> None:
     """Each circuit node names its head's label in full or cut with a mark ("manip."), never mid-word."""
     shown = page.evaluate("[...document.querySelectorAll('svg.circuit circle + text + text')].map(t => t.textContent)")
-    kinds = set(section(page, "Attention heads").evaluate("s => [...s.querySelectorAll('td')].map(td => td.textContent)"))
+    cells = "s => [...s.querySelectorAll('td')].map(td => td.textContent)"
+    kinds = set(section(page, "Attention heads").evaluate(cells))
     assert len(shown) == n_heads and all(len(label) <= 9 for label in shown)
     assert all(label in kinds or (label.endswith(".") and any(kind.startswith(label[:-1]) for kind in kinds))
                for label in shown)
@@ -320,7 +323,8 @@ def test_a_one_head_composite_report_shows_evidence_as_tables_and_charts_and_no_
     assert len(bars) == 1 and bars[0] > 300
     # two heads: no Spearman, and no verdict on attribution drawn from it
     assert "Spearman" not in texts["Activation patching"] and "n/a (fewer than 5 heads)" in texts["Activation patching"]
-    assert "broadly agrees" not in texts["Activation patching"] and "differs from exact" not in texts["Activation patching"]
+    assert "broadly agrees" not in texts["Activation patching"]
+    assert "differs from exact" not in texts["Activation patching"]
     # the one-column head maps are drawn wide enough to read (3.2 inches at 110 dpi, less the tight crop)
     widths = page.evaluate("""[...document.querySelectorAll('figure img')].filter(img => img.alt.includes(
         "each head's output") || img.alt.startsWith('Attribution patching')).map(img => img.naturalWidth)""")

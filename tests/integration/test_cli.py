@@ -10,9 +10,9 @@ from models.presets import PRESETS
 from models.runs import read_metrics
 from tests.helpers import folder_bytes
 
-TINY = ["--set", "model.n_layers=2", "--set", "model.planted={}", "--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12",
-        "--set", "train.batch_size=16", "--set", "train.eval_every=6", "--set", "train.eval_size=64",
-        "--set", "train.warmup_steps=2", "--no-progress"]
+TINY = ["--set", "model.n_layers=2", "--set", "model.planted={}", "--set", "model.d_model=32",
+        "--set", "model.d_mlp=64", "--set", "train.steps=12", "--set", "train.batch_size=16",
+        "--set", "train.eval_every=6", "--set", "train.eval_size=64", "--set", "train.warmup_steps=2", "--no-progress"]
 
 
 def test_train_writes_the_run_folder_and_report(tmp_path, capsys):
@@ -109,7 +109,8 @@ def test_demo_replaces_only_a_demo_run(tmp_path, capsys):
     composite = tmp_path / "composite"
     assert main(["train", "--preset", "composite-cpu", "--out", str(composite), *TINY]) == 0
     lego = tmp_path / "lego"
-    assert main(["train", "--preset", "lego-cpu", "--out", str(lego), *TINY]) == 0  # the demo's preset, but not a demo run
+    # the demo's preset, but not a demo run
+    assert main(["train", "--preset", "lego-cpu", "--out", str(lego), *TINY]) == 0
     for run in (composite, lego):
         before = folder_bytes(run)
         capsys.readouterr()
@@ -123,6 +124,7 @@ def test_demo_replaces_only_a_demo_run(tmp_path, capsys):
     assert json.loads((learned / "analysis.json").read_text())["task"] == "lego"
     assert '<a href="../demo-learned/report.html">' in (demo / "report.html").read_text()
     assert '<a href="../demo/report.html">' in (learned / "report.html").read_text()
-    assert main(["demo", "--out", str(demo), *TINY, "--set", "train.seed=1", "--no-learned"]) == 0  # its own run: replaced
+    # its own run: replaced
+    assert main(["demo", "--out", str(demo), *TINY, "--set", "train.seed=1", "--no-learned"]) == 0
     assert (demo / "model.safetensors").read_bytes() != first
     assert json.loads((demo / "config.json").read_text())["train"]["seed"] == 1

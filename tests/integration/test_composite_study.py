@@ -24,7 +24,8 @@ def test_phase_study_writes_the_diagram_and_a_verdict_per_cell(tmp_path):
         assert spectrum == sorted(spectrum, reverse=True) and sum(spectrum) <= 1.001
     page = (tmp_path / "report.html").read_text()
     assert "Phase diagram" in page and "data:image/png;base64" in page
-    assert json.loads((tmp_path / "results.json").read_text())["headline"] == json.loads(json.dumps(results["headline"]))
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["headline"] == json.loads(json.dumps(results["headline"]))
     _check_table_against_the_cells(results, grid)
     _check_held_out_rates_by_hand(tmp_path / "runs", results["cells"])
     mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*/model.safetensors")}
@@ -72,7 +73,8 @@ def test_phase_protocol_keeps_each_seeds_best_learning_rate_and_averages_seeds()
     measured = {
         "0-1": {"seen_accuracy": 0.5, "held_out_inferential": 0.0, "held_out_symmetric": 0.0, "verdict": "unlearned"},
         "0-2": {"seen_accuracy": 1.0, "held_out_inferential": 0.8, "held_out_symmetric": 0.1, "verdict": "inferential"},
-        "1-1": {"seen_accuracy": 0.96, "held_out_inferential": 0.6, "held_out_symmetric": 0.3, "verdict": "inferential"},
+        "1-1": {"seen_accuracy": 0.96, "held_out_inferential": 0.6, "held_out_symmetric": 0.3,
+                "verdict": "inferential"},
         "1-2": {"seen_accuracy": 0.92, "held_out_inferential": 0.0, "held_out_symmetric": 1.0, "verdict": "symmetric"},
     }
     cell = aggregate_phase(points, measured, d_model=400)["0.5,2"]
@@ -158,9 +160,10 @@ def test_protocol_matched_trains_the_matched_blocks_in_a_folder_of_its_own(tmp_p
     assert all(read_config(d).model.biases for d in (fast / "runs").iterdir() if d.is_dir())
     assert "--protocol" not in (fast / "report.html").read_text()
     capsys.readouterr()
-    for argv, says in [(["lego-heads", "--protocol", "matched"], "does not take --protocol"),
-                       (["composite-phase", "--protocol", "slow"], "use one of ('fast', 'matched')"),
-                       (["composite-phase", "--scale", "gpu", "--protocol", "matched"], "declared at scales ('tiny', 'cpu')")]:
+    refused = [(["lego-heads", "--protocol", "matched"], "does not take --protocol"),
+               (["composite-phase", "--protocol", "slow"], "use one of ('fast', 'matched')"),
+               (["composite-phase", "--scale", "gpu", "--protocol", "matched"], "declared at scales ('tiny', 'cpu')")]
+    for argv, says in refused:
         assert main(["study", *argv, "--out", str(tmp_path / "refused")]) == 2
         assert says in capsys.readouterr().err and not (tmp_path / "refused").exists()
 
@@ -239,7 +242,8 @@ def test_cells_reads_a_plain_folder_of_runs_and_marks_the_unfinished(tmp_path, c
     verdict = composite_verdict(load_run(tmp_path / "killed").model, load_run(tmp_path / "killed").task, n=200)
     assert rows["killed"]["held_out_symmetric"] == verdict.to_dict()["held_out_symmetric"]
     other = rows["killed"]["held_out_other_answers"]  # an untrained model answers neither solution
-    assert other and sum(row["share"] for row in other) <= 1 - verdict.held_out_inferential - verdict.held_out_symmetric + .05
+    assert other
+    assert sum(row["share"] for row in other) <= 1 - verdict.held_out_inferential - verdict.held_out_symmetric + .05
 
 
 def test_cells_refuses_a_folder_with_no_runs(tmp_path, capsys):

@@ -46,7 +46,8 @@ def test_the_three_hop_curriculum_is_plain_and_ends_on_n8_with_five_supervised()
 def test_the_n12_curricula_add_the_papers_task_after_the_three_hop_stages():
     from models.curriculum import LEGO_N12, LEGO_N12_ALBERT, LEGO_THREE_HOPS_ALBERT
 
-    for curriculum, before, tied in ((LEGO_N12, LEGO_THREE_HOPS, False), (LEGO_N12_ALBERT, LEGO_THREE_HOPS_ALBERT, True)):
+    for curriculum, before, tied in ((LEGO_N12, LEGO_THREE_HOPS, False),
+                                     (LEGO_N12_ALBERT, LEGO_THREE_HOPS_ALBERT, True)):
         assert curriculum.stages[:-1] == before.stages and curriculum.common == before.common
         configs = curriculum.configs(["a", "b", "c", "d"], ["model.n_layers=12"])
         assert all((c.model.n_layers, c.model.tie_layers, c.model.planted) == (12, tied, {}) for c in configs)

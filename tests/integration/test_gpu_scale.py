@@ -100,7 +100,8 @@ def test_lego_gpu_models_are_plain_on_the_papers_task_with_two_seeds_and_depths_
             planted = {"*.0": "association", "*.1": "manipulation", "*.2": "broadcast"}
             assert cfg.model.planted == (planted if kind in ("hardcoded", "hybrid3") else {})
     assert lego.variant("gpu", "bert") == lego.variant("gpu", "standard")  # plain: the same recipe
-    assert lego.variant("gpu", "albert").model.tie_layers and lego.variant("gpu", "albert-sd", layers=12).model.min_depth == 6
+    assert lego.variant("gpu", "albert").model.tie_layers
+    assert lego.variant("gpu", "albert-sd", layers=12).model.min_depth == 6
     assert lego.variant("gpu", "mimic").train.mimic_steps == 1000
     assert lego.variant("cpu", "bert", layers=6).model.planted == {f"{i}.0": "association" for i in range(1, 6)}
 
@@ -146,7 +147,8 @@ def test_every_lego_experiment_runs_on_a_plain_base(tmp_path, monkeypatch):
     """Each LEGO study end to end on the gpu scale's plain base, shrunk to d 16 on the CPU (about 2 min)."""
     shrunk = get_preset("lego-gpu").with_overrides(["model.d_model=16", "model.n_heads=4", "model.d_mlp=32", *SHRINK])
     monkeypatch.setattr(lego, "base_config", lambda scale: shrunk)
-    results = {study.name: run_study(study.name, tmp_path / study.name, "gpu", progress=False) for study in lego.STUDIES}
+    results = {study.name: run_study(study.name, tmp_path / study.name, "gpu", progress=False)
+               for study in lego.STUDIES}
     pool = tmp_path / "lego-runs-gpu"
     assert read_config(pool / "bert-L12-s1").model.planted == {} and read_config(pool / "hybrid3-s0").model.planted
     headline = results["lego-extrapolation"]["headline"]

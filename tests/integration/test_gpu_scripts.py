@@ -47,7 +47,8 @@ def test_a_resumed_run_that_dies_keeps_its_checkpoint(tmp_path):
     run = tmp_path / "d2-g0.8-lr1e-4"
     metrics = (run / "metrics.jsonl").read_text()
     failing = tmp_path / "python-that-cannot-resume"
-    failing.write_text(f'#!/bin/bash\nfor a in "$@"; do [ "$a" = --resume ] && exit 1; done\nexec {sys.executable} "$@"\n')
+    failing.write_text(f'#!/bin/bash\nfor a in "$@"; do [ "$a" = --resume ] && exit 1; done\nexec {sys.executable} '
+                       '"$@"\n')
     failing.chmod(0o755)
     again = _run(tmp_path, str(failing))
     assert "has a checkpoint: left as it is" in again.stdout

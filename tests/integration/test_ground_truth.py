@@ -66,7 +66,8 @@ def auroc(scores: dict, known: set) -> float:
 def judge(nodes: dict[str, float], known_nodes: set[str], edges: dict[tuple[str, str], float] | None,
           known_edges: set[tuple[str, str]], threshold: float = THRESHOLD) -> dict[str, float | None]:
     row: dict[str, float | None] = {}
-    row["node_precision"], row["node_recall"] = precision_recall({k for k, v in nodes.items() if v > threshold}, known_nodes)
+    row["node_precision"], row["node_recall"] = precision_recall({k for k, v in nodes.items() if v > threshold},
+                                                                 known_nodes)
     row["node_auroc"] = auroc(nodes, known_nodes)
     if edges is not None:
         row["edge_precision"], row["edge_recall"] = precision_recall({k for k, v in edges.items() if v > threshold},
@@ -91,7 +92,8 @@ def evaluate(name: str) -> tuple[dict[str, dict[str, float | None]], dict]:
     started = time.perf_counter()
     exact = patch_head_out(*args)
     seconds["exact"] = time.perf_counter() - started
-    rows["exact"] = judge({h: abs(v) for h, v in zip(heads, exact.values.flatten().tolist())}, known_nodes, None, known_edges)
+    rows["exact"] = judge({h: abs(v) for h, v in zip(heads, exact.values.flatten().tolist())}, known_nodes, None,
+                          known_edges)
 
     started = time.perf_counter()
     paths = path_patch(*args)
@@ -131,15 +133,15 @@ def evaluate(name: str) -> tuple[dict[str, dict[str, float | None]], dict]:
 # What each method was measured to reach, as floors: per group of fixtures, the minimum over its
 # fixtures of (node precision, node recall, node AUROC, edge precision, edge recall, edge AUROC);
 # None: not asserted (a node-level method has no edges). Exact and path patching and the finder
-# under "stays" and "both" reach 1.0 everywhere. One-step attribution misses heads whose effect passes through a saturated
-# softmax (L0H0 of q_composition scores 0.011: recall 1/2 on Q- and K-composition, 1/3 on the
-# chain); GradDrop recovers no more. Four-step integrated gradients recovers every head but on
-# the noiseless cancelling pair, where it ranks the known heads first (AUROC 1) but scores the
-# three upstream ones 0.083, under the threshold: along its path from corrupted to clean both
-# signs flip together, so their product, which drives L2H0's softmax, hardly moves (the
-# cancellation again, in the gradient); the noise breaks the symmetry (0.15-0.17). Rule "first"
-# (the default before "stays") keeps L2H0 alone on both cancellation fixtures: recall 1/4 of nodes
-# and edges.
+# under "stays" and "both" reach 1.0 everywhere. One-step attribution misses heads whose effect
+# passes through a saturated softmax (L0H0 of q_composition scores 0.011: recall 1/2 on Q- and
+# K-composition, 1/3 on the chain); GradDrop recovers no more. Four-step integrated gradients
+# recovers every head but on the noiseless cancelling pair, where it ranks the known heads first
+# (AUROC 1) but scores the three upstream ones 0.083, under the threshold: along its path from
+# corrupted to clean both signs flip together, so their product, which drives L2H0's softmax, hardly
+# moves (the cancellation again, in the gradient); the noise breaks the symmetry (0.15-0.17). Rule
+# "first" (the default before "stays") keeps L2H0 alone on both cancellation fixtures: recall 1/4 of
+# nodes and edges.
 NOISELESS = NAMES
 NOISY = [f"{name}_noisy" for name in NAMES]
 ALL_ONES = (1.0,) * 6
@@ -220,7 +222,8 @@ def test_methods_recover_the_known_circuits(table):
     for name in FIXTURES:  # exact and path patching and the finder: everything, nothing else, noise or not
         for method, columns in (("exact", COLUMNS[:3]), ("path", COLUMNS), ("circuit (stays)", COLUMNS)):
             assert all(rows[name][method][c] == 1.0 for c in columns), (name, method, rows[name][method])
-    assert rows["cancellation"]["ig4"]["node_recall"] == 0.25 and rows["cancellation_noisy"]["ig4"]["node_recall"] == 1.0
+    assert rows["cancellation"]["ig4"]["node_recall"] == 0.25
+    assert rows["cancellation_noisy"]["ig4"]["node_recall"] == 1.0
     assert {method for _, method in FLOORS} == set(METHODS)
     for (group, method), floors in FLOORS.items():
         for name in GROUPS[group]:
@@ -242,7 +245,8 @@ def test_the_cancelling_pair_fools_the_first_rule_and_not_stays_or_both(table):
     assert before["curve"]["resample"][:4] == pytest.approx([0.0, 1.0, 0.5, 0.5], abs=1e-3)
     truth = load_fixture(OUT / "cancellation")
     assert sorted(after["nodes"]) == sorted(truth.nodes) and set(after["edges"]) == set(truth.edges)
-    assert after["faithfulness"] == pytest.approx(1.0, abs=1e-3) and after["faithfulness_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert after["faithfulness"] == pytest.approx(1.0, abs=1e-3)
+    assert after["faithfulness_mean"] == pytest.approx(1.0, abs=1e-3)
     assert sorted(found["cancellation"]["circuit (both)"]["nodes"]) == sorted(truth.nodes)
 
 

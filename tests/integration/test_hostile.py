@@ -21,30 +21,22 @@ suite.
 
 Rows where the product does the wrong thing are kept and marked xfail(strict=True) with what it
 does wrong; they pass (as xfails) until the product is fixed, then fail as XPASS so the mark
-comes off."""
+comes off. How a row damages a file, makes a write fail and snapshots what the user owns is
+`hostile_damage.py`'s, beside this file."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
-import re
 import shutil
-import socket
-import stat
-import struct
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors import SafetensorError
 
-import analyses.sweep
-import interp.analysis
 import models.curriculum
 import models.runs
 import models.safe_files
@@ -61,19 +53,26 @@ from models.runs import (
     REPORT,
     TRAIN_STATE,
     WEIGHTS,
-    WeightsStamp,
     read_config,
-    save_weights,
     verified_weights,
-    weights_digest,
 )
-from models.safe_files import is_own_temp, size_limit
+from models.safe_files import is_own_temp
 from models.train import Trainer
 from tests.helpers import no_hang
+from tests.integration.hostile_damage import (
+    DEAD_PID,
+    NOTES,
+    damage,
+    fail_safetensors,
+    fail_writes,
+    read_only,
+    snapshot,
+    under,
+)
 
-TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=20", "--set", "train.eval_every=5",
-        "--set", "train.checkpoint_every=10", "--set", "train.eval_size=64", "--no-progress"]
-NOTES = b"the user's own notes, not a run file\na second line\n"  # what a planted symbolic link points to
+TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=20",
+        "--set", "train.eval_every=5", "--set", "train.checkpoint_every=10", "--set", "train.eval_size=64",
+        "--no-progress"]
 FOREIGN_LOCK = b"someone else's file\n"
 ZOO_ENTRY = "composite-symmetric"
 SWEEP_CELL = "seed=0"  # the one cell of `--grid train.seed=0`, the base run's own config
@@ -85,8 +84,8 @@ SNAPSHOT_INDEX, FIRST_SNAPSHOT = "snapshots/index.json", "snapshots/step-0000000
 # issue 43: special files, sizes beyond a kind's limit, numbers beyond a value's, a killed writer's temp files
 SPECIAL_FILES = ["fifo", "devzero", "socket"]
 RUN_FILES_AND_LOCK = [CONFIG, METRICS, WEIGHTS, TRAIN_STATE, LOCK]
-LOCKERS = {"resume", "resume-partial", "analyze", "report", "sweep"}  # commands that lock the run folder (a finished one too)
-DEAD_PID = 4_194_304  # above Linux's largest pid (pid_max <= 2**22): no process has it
+# commands that lock the run folder (a finished one too)
+LOCKERS = {"resume", "resume-partial", "analyze", "report", "sweep"}
 
 
 @dataclass(frozen=True)
@@ -152,16 +151,20 @@ PLAN = {
                TRAIN_STATE: ["flip-weights", "directory"], METRICS: ["truncated", "deep"], ANALYSIS: JSON_DAMAGE},
     "sweep": {CONFIG: ["dup-key"], WEIGHTS: ["flip-data", "symlink", "directory"], TRAIN_STATE: ["truncated"],
               METRICS: ["bitflip"]},
-    "curriculum": {f"1/{CONFIG}": ["dup-key"], f"1/{WEIGHTS}": ["flip-data", "directory"], f"2/{TRAIN_STATE}": ["truncated"]},
+    "curriculum": {f"1/{CONFIG}": ["dup-key"], f"1/{WEIGHTS}": ["flip-data", "directory"],
+                   f"2/{TRAIN_STATE}": ["truncated"]},
     "zoo": {CONFIG: ["deleted", "truncated", "directory", "dup-key", "deep"], WEIGHTS: SAFETENSORS_DAMAGE},
-    "benchmark": {CONFIG: ["dup-key"], WEIGHTS: ["deleted", "flip-data"], TRAIN_STATE: ["truncated"], METRICS: ["directory"]},
+    "benchmark": {CONFIG: ["dup-key"], WEIGHTS: ["deleted", "flip-data"], TRAIN_STATE: ["truncated"],
+                  METRICS: ["directory"]},
 }
 PREFIX = {"sweep": f"{SWEEP_CELL}/", "zoo": f"{ZOO_ENTRY}/"}  # where the run sits inside the command's folder
 
 # rows that are not a damaged file: a foreign lock link, a read-only folder, a write that fails
 SPECIAL = [
-    *[Row(command, LOCK, "symlink-foreign", 2, ("{file}",)) for command in ("train", "resume", "analyze", "report", "sweep")],
-    *[Row(command, "", "read-only", 4, ("{folder}", "Permission denied")) for command in ("train", "resume", "analyze", "report", "sweep")],
+    *[Row(command, LOCK, "symlink-foreign", 2, ("{file}",))
+      for command in ("train", "resume", "analyze", "report", "sweep")],
+    *[Row(command, "", "read-only", 4, ("{folder}", "Permission denied"))
+      for command in ("train", "resume", "analyze", "report", "sweep")],
     Row("zoo", "", "read-only", 0, ()),  # a listing writes nothing
     Row("curriculum", "1", "read-only+weights-deleted", 4, ("{folder}", "Permission denied")),
     Row("train", WEIGHTS, "ENOSPC", 4, ("{file}", "No space left on device")),
@@ -177,11 +180,13 @@ SPECIAL = [
 
 # issue 43's rows, generated: every command against each class of damage
 ALL_COMMANDS = ["train", "resume", "analyze", "report", "sweep", "zoo", "benchmark"]
-PLAN = {command: {name: list(damages) for name, damages in files.items()} for command, files in PLAN.items()}  # own lists
+# own lists
+PLAN = {command: {name: list(damages) for name, damages in files.items()} for command, files in PLAN.items()}
 for command in ALL_COMMANDS:
     files = PLAN.setdefault(command, {})
     for name in ([CONFIG, WEIGHTS] if command == "zoo" else RUN_FILES_AND_LOCK):
-        files.setdefault(name, []).extend(["fifo", "devzero"] if command in ("train", "zoo", "benchmark") else SPECIAL_FILES)
+        files.setdefault(name, []).extend(["fifo", "devzero"] if command in ("train", "zoo", "benchmark")
+                                          else SPECIAL_FILES)
     for name in ([CONFIG, WEIGHTS] if command == "zoo" else [CONFIG, METRICS, WEIGHTS, TRAIN_STATE]):
         files.setdefault(name, []).append("huge")
     files.setdefault(CONFIG, []).extend(["long-int", "float-overflow"])
@@ -190,7 +195,8 @@ for command in ALL_COMMANDS:
     files.setdefault(CONFIG if command == "zoo" else WEIGHTS, []).append("temp-left")
 for name in (f"1/{CONFIG}", f"1/{WEIGHTS}", f"2/{TRAIN_STATE}", f"2/{LOCK}"):
     PLAN["curriculum"].setdefault(name, []).extend(["fifo", "devzero"])
-PLAN["resume-partial"].update({METRICS: ["fifo", "huge", "temp-left"], TRAIN_STATE: ["flip-rng", "flip-weights", "fifo", "devzero"]})
+PLAN["resume-partial"].update({METRICS: ["fifo", "huge", "temp-left"],
+                               TRAIN_STATE: ["flip-rng", "flip-weights", "fifo", "devzero"]})
 for command in ("analyze", "report"):
     PLAN[command].setdefault(ANALYSIS, []).append("temp-left")
 
@@ -276,281 +282,6 @@ def _copy_course(source: Path, target: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# damage
-
-
-def _flip(path: Path, at: int, bit: int = 0x01) -> None:
-    data = bytearray(path.read_bytes())
-    data[at] ^= bit
-    path.write_bytes(bytes(data))
-
-
-def _header(data: bytes) -> tuple[int, dict]:
-    length = struct.unpack("<Q", data[:8])[0]
-    return length, json.loads(data[8:8 + length])
-
-
-def _flip_tensor(path: Path, pick) -> None:
-    """Flip a byte in the middle of one tensor's data (the header left intact)."""
-    data = path.read_bytes()
-    length, header = _header(data)
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    start, end = tensors[pick(tensors)]["data_offsets"]
-    _flip(path, 8 + length + (start + end) // 2)
-
-
-def _dup_key(path: Path, text: str) -> str:
-    """The file with one key written twice, by hand."""
-    if path.name == CONFIG:  # "steps" twice in the train section
-        assert '"train": {' in text
-        return text.replace('"train": {', '"train": {\n    "steps": 7,', 1)
-    if path.name == METRICS:  # the first record's "step" twice
-        return text.replace("{", '{"step": 99, ', 1)
-    if path.name == "index.json":  # a snapshot index's "schema" twice
-        return text.replace("{", '{\n "schema": 7,', 1)
-    return text.replace("{", '{\n "task": "lego",', 1)
-
-
-DEEP = '{"a": ' * 10_000 + "1" + "}" * 10_000
-
-
-def _socket_at(path: Path) -> None:
-    """A Unix socket file at `path` (bound from its folder: a socket's path is limited to 108 bytes)."""
-    here = os.getcwd()
-    os.chdir(path.parent)
-    try:
-        server = socket.socket(socket.AF_UNIX)
-        server.bind(path.name)
-        server.close()
-    finally:
-        os.chdir(here)
-
-
-def _nan_weights(path: Path) -> None:
-    """Weights that are all NaN, with a header that verifies (a run that diverged without noticing);
-    the train state, which would contradict them, removed."""
-    run = path.parent
-    (run / TRAIN_STATE).unlink()
-    tensors, stamp = verified_weights(run)
-    nan = {name: torch.full_like(t, float("nan")) for name, t in tensors.items()}
-    save_weights(run, nan, WeightsStamp(stamp.step, weights_digest(nan)))
-
-
-def _special_damage(path: Path, kind: str) -> bool:
-    """Issue 43's damages, which need not read the file first; False for another kind."""
-    if kind in ("fifo", "devzero", "socket", "huge"):
-        path.unlink(missing_ok=True)
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "devzero":
-        path.symlink_to("/dev/zero")
-    elif kind == "socket":
-        _socket_at(path)
-    elif kind == "huge":  # sparse: one byte past what its kind may hold, on no disk space
-        with open(path, "wb") as f:
-            f.truncate(size_limit(path) + 1)
-    elif kind == "temp-left":
-        (path.parent / f".{path.name}.{DEAD_PID}.0badf00d.tmp").write_bytes(b"half a file")
-    elif kind == "temp-only":
-        path.write_bytes(b'{"task": {"na')
-    elif kind == "nan":
-        _nan_weights(path)
-    else:
-        return False
-    return True
-
-
-def damage(path: Path, kind: str, outside: Path) -> None:
-    if _special_damage(path, kind):
-        return
-    data = path.read_bytes()
-    if kind == "deleted":
-        path.unlink()
-    elif kind == "truncated":  # half of it; never right after a newline, which would leave whole lines only
-        cut = len(data) // 2
-        path.write_bytes(data[: cut + 1 if data[cut - 1 : cut] == b"\n" else cut])
-    elif kind == "flip-data":  # a byte of the last tensor, near the end of the file
-        _flip_tensor(path, lambda t: max(t, key=lambda k: t[k]["data_offsets"][1]))
-    elif kind == "flip-weights":  # a byte of a model.* tensor of a train state
-        _flip_tensor(path, lambda t: next(k for k in sorted(t) if k.startswith("model.")))
-    elif kind == "flip-rng":
-        _flip_tensor(path, lambda t: "rng.data")
-    elif kind == "flip-header":  # '"dtype"' past the header's middle becomes '"etype"'
-        length, _ = _header(data)
-        _flip(path, data.index(b'"dtype"', 8 + length // 2) + 1)
-    elif kind == "bitflip":  # JSON: its first byte, '{' -> 'z'
-        _flip(path, 0)
-    elif kind == "symlink":
-        target = outside / f"{path.name}.mine"
-        target.write_bytes(NOTES)
-        path.unlink()
-        path.symlink_to(target)
-    elif kind == "directory":
-        path.unlink()
-        path.mkdir()
-    elif kind == "dup-key":
-        path.write_text(_dup_key(path, data.decode()))
-    elif kind == "long-int":  # a number of 5,000 digits, past Python's 4,300 (config: train.steps; metrics: line 1)
-        text = data.decode()
-        field = '"steps": ' if path.name == CONFIG else '"step": '
-        start = text.index(field) + len(field)
-        end = start + len(re.match(r"[0-9]+", text[start:]).group())
-        path.write_text(text[:start] + "1" * 5000 + text[end:])
-    elif kind == "float-overflow":  # train.lr as an integer too large for a double
-        path.write_text(re.sub(r'"lr": [^,\n]+', '"lr": 1' + "0" * 400, data.decode(), count=1))
-    elif kind == "deep":
-        if path.name == METRICS:  # the first line; a damaged last line alone would be dropped
-            lines = data.decode().splitlines()
-            path.write_text("\n".join([DEEP, *lines[1:]]) + "\n")
-        else:
-            path.write_text(DEEP)
-    else:
-        raise AssertionError(kind)
-
-
-# ------------------------------------------------------------------------------------------------
-# failing writes
-
-
-def _inside(path, folder: Path) -> bool:
-    return os.path.realpath(os.path.dirname(os.path.abspath(os.fspath(path)))) == os.path.realpath(folder)
-
-
-def _safetensors_error(folder: Path, code: int) -> SafetensorError:
-    """What safetensors raises when it cannot write (it writes a temporary file of its own beside
-    the target, then renames it): measured with a 0o555 folder as an unprivileged user."""
-    return SafetensorError(f"Error while serializing: I/O error: {os.strerror(code)} (os error {code}) at path "
-                           f'"{folder}/.tmpQ1w2E3"')
-
-
-@contextlib.contextmanager
-def read_only(folder: Path, monkeypatch):
-    """The folder made read-only: chmod 0o555, or where the tests run as root (whom the mode does
-    not stop) what the kernel does to an unprivileged user in such a folder: creating, opening for
-    writing, renaming or removing a name in it fails with EACCES naming the path, and safetensors
-    fails with its own error."""
-    if os.geteuid() != 0:
-        os.chmod(folder, 0o555)
-        try:
-            yield
-        finally:
-            os.chmod(folder, 0o755)
-        return
-
-    def denied(*paths):
-        return OSError(errno.EACCES, os.strerror(errno.EACCES), *[os.fspath(p) for p in paths[:1]],
-                       *([None, os.fspath(paths[1])] if len(paths) > 1 else []))
-
-    real_open, real_unlink, real_replace, real_rename, real_mkdir = os.open, os.unlink, os.replace, os.rename, os.mkdir
-    real_save = models.safe_files.save_file
-    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-
-    def open_(path, flags, *args, **kwargs):
-        if flags & writing and _inside(path, folder):
-            raise denied(path)
-        return real_open(path, flags, *args, **kwargs)
-
-    def unlink(path, *args, **kwargs):
-        if _inside(path, folder) and os.path.lexists(path):
-            raise denied(path)
-        return real_unlink(path, *args, **kwargs)
-
-    def move(real):
-        def moved(src, dst, *args, **kwargs):
-            if _inside(src, folder) or _inside(dst, folder):
-                raise denied(src, dst)
-            return real(src, dst, *args, **kwargs)
-        return moved
-
-    def mkdir(path, *args, **kwargs):
-        if _inside(path, folder) and not os.path.lexists(path):
-            raise denied(path)
-        return real_mkdir(path, *args, **kwargs)
-
-    def save_file(tensors, filename, *args, **kwargs):
-        if _inside(filename, folder):
-            raise _safetensors_error(folder, errno.EACCES)
-        return real_save(tensors, filename, *args, **kwargs)
-
-    with monkeypatch.context() as m:
-        m.setattr(os, "open", open_)
-        m.setattr(os, "unlink", unlink)
-        m.setattr(os, "remove", unlink)
-        m.setattr(os, "replace", move(real_replace))
-        m.setattr(os, "rename", move(real_rename))
-        m.setattr(os, "mkdir", mkdir)
-        m.setattr(models.safe_files, "save_file", save_file)
-        yield
-
-
-WRITERS = (models.runs, interp.analysis, analyses.sweep)  # the trainer writes through models.runs
-
-
-def fail_writes(monkeypatch, function: str, target: Path, code: int) -> None:
-    """`function` (atomic_write_bytes, save_tensors or append_line), wherever it is imported, fails
-    with OSError(code) naming `target` when it writes `target`."""
-    for module in WRITERS:
-        original = getattr(module, function, None)
-        if original is None:
-            continue
-
-        def failing(path, *args, _original=original, **kwargs):
-            if Path(path) == target:
-                raise OSError(code, os.strerror(code), str(path))
-            return _original(path, *args, **kwargs)
-
-        monkeypatch.setattr(module, function, failing)
-
-
-def fail_safetensors(monkeypatch, target: Path, code: int) -> None:
-    """safetensors' own save_file fails (as on a full disk, or a read-only folder) writing `target`."""
-    real = models.safe_files.save_file
-
-    def save_file(tensors, filename, *args, **kwargs):
-        name = Path(filename).name  # the temporary sibling models.safe_files writes through: .NAME.PID.HEX.tmp
-        if name.startswith(f".{target.name}.") and name.endswith(".tmp") and Path(filename).parent == target.parent:
-            raise _safetensors_error(target.parent, code)
-        return real(tensors, filename, *args, **kwargs)
-
-    monkeypatch.setattr(models.safe_files, "save_file", save_file)
-
-
-# ------------------------------------------------------------------------------------------------
-# what the user owns
-
-
-def snapshot(root: Path) -> dict[str, tuple]:
-    """Every entry under `root`, links not followed: ('link', target), ('dir',), ('file', sha256),
-    a large (sparse) file by ('file', size, mtime), or a special file by its kind (never opened:
-    a FIFO would block)."""
-    seen: dict[str, tuple] = {}
-
-    def walk(folder: str) -> None:
-        for entry in os.scandir(folder):
-            rel = os.path.relpath(entry.path, root)
-            info = entry.stat(follow_symlinks=False)
-            if entry.is_symlink():
-                seen[rel] = ("link", os.readlink(entry.path))
-            elif entry.is_dir():
-                seen[rel] = ("dir",)
-                walk(entry.path)
-            elif not stat.S_ISREG(info.st_mode):
-                seen[rel] = ("special", stat.S_IFMT(info.st_mode))
-            elif info.st_size > 64 << 20:
-                seen[rel] = ("file", info.st_size, info.st_mtime_ns)
-            else:
-                seen[rel] = ("file", hashlib.sha256(Path(entry.path).read_bytes()).hexdigest())
-
-    if root.exists():
-        walk(str(root))
-    return seen
-
-
-def _under(snap: dict[str, tuple], prefix: str, inside: bool) -> dict[str, tuple]:
-    return {k: v for k, v in snap.items() if (k == prefix or k.startswith(prefix + os.sep)) == inside}
-
-
-# ------------------------------------------------------------------------------------------------
 # the table
 
 
@@ -564,12 +295,14 @@ def _setup(row: Row, tmp: Path, request) -> tuple[Path, list[str]]:
     if command == "curriculum":
         root = tmp / "course"
         _copy_course(request.getfixturevalue("base_course"), root)
-        request.getfixturevalue("monkeypatch").setitem(models.curriculum.CURRICULA, TINY_CURRICULUM.name, TINY_CURRICULUM)
+        request.getfixturevalue("monkeypatch").setitem(models.curriculum.CURRICULA, TINY_CURRICULUM.name,
+                                                       TINY_CURRICULUM)
         return root, ["curriculum", TINY_CURRICULUM.name, "--out", str(root), "--no-progress"]
     if command == "sweep":
         root = tmp / "sweep"
         shutil.copytree(request.getfixturevalue("base_run"), root / SWEEP_CELL)
-        return root, ["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0", "--out", str(root), "--workers", "1", *TINY]
+        return root, ["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0", "--out", str(root),
+                      "--workers", "1", *TINY]
     root = tmp / "run"
     if command == "train" and (row.damage.startswith("ENOSPC") or row.file == LOCK and row.damage == "symlink-foreign"
                                or row.damage in ("read-only", "temp-only")):
@@ -611,7 +344,8 @@ def test_hostile(row: Row, tmp_path, capsys, monkeypatch, request):
             path = path / WEIGHTS
             stack.enter_context(read_only(folder, monkeypatch))
         elif row.damage in ("ENOSPC", "ENOSPC-rewrite"):
-            fail_writes(monkeypatch, "save_tensors" if row.file == WEIGHTS else "atomic_write_bytes", path, errno.ENOSPC)
+            fail_writes(monkeypatch, "save_tensors" if row.file == WEIGHTS else "atomic_write_bytes", path,
+                        errno.ENOSPC)
         elif row.damage == "ENOSPC-append":
             fail_writes(monkeypatch, "append_line", path, errno.ENOSPC)
         elif row.damage == "ENOSPC-safetensors":
@@ -651,7 +385,7 @@ def test_hostile(row: Row, tmp_path, capsys, monkeypatch, request):
         assert any(all(part in text for part in named) for text in said + [captured.err]), where
 
     # nothing the user owned changed
-    assert _under(after, "outside", True) == _under(before, "outside", True)
+    assert under(after, "outside", True) == under(before, "outside", True)
     if row.status == 2 and row.command == "sweep":  # refused cell: only the sweep's own records of it are written
         records = {"cells.json", "sweep.json", "sweep_plan.json", "report.html", "sweep_page.json"}
         assert {k: v for k, v in after.items() if Path(k).name not in records} == \
@@ -660,10 +394,10 @@ def test_hostile(row: Row, tmp_path, capsys, monkeypatch, request):
         assert after == before
     else:
         rel = os.path.relpath(root, tmp_path)
-        assert _under(after, rel, False) == _under(before, rel, False)  # outside the command's folder
+        assert under(after, rel, False) == under(before, rel, False)  # outside the command's folder
         if row.command in READ_ONLY_COMMANDS:  # analysis.json, report.html and a dead writer's temp files aside
             def kept(snap):
-                return {k: v for k, v in _under(snap, rel, True).items()
+                return {k: v for k, v in under(snap, rel, True).items()
                         if Path(k).name not in (ANALYSIS, REPORT) and not is_own_temp(Path(k).name)}
             assert kept(after) == kept(before)
     _check_issue_43_row(row, root, path)

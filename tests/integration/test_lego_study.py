@@ -44,7 +44,8 @@ def test_bert_and_albert_are_learned_by_the_scales_curriculum_each_stage_from_th
     pool, stages = root / "lego-runs-tiny", TINY_CURRICULUM.stages
     for name in ("bert-s0", "albert-s0", "albert-L3-s0"):
         first, last = read_config(pool / "stages" / f"{name}-{stages[0].name}"), read_config(pool / name)
-        assert first.train.init_from is None and last.train.init_from == str(pool / "stages" / f"{name}-{stages[0].name}")
+        assert first.train.init_from is None
+        assert last.train.init_from == str(pool / "stages" / f"{name}-{stages[0].name}")
         assert first.model.planted == last.model.planted == {} and first.heads_origin == "learned"
         assert last.heads_origin == "warm-started"  # from the learned first stage: learned too
         assert (first.task.n_vars, first.task.n_supervised, last.task.n_vars, last.task.n_supervised) == (4, 2, 5, 3)
@@ -73,7 +74,8 @@ def test_variants_differ_only_where_they_say():
     deep = variant("cpu", "albert-sd", layers=6)
     assert deep.model.n_layers == 6 and deep.model.min_depth == 3 and len(deep.model.planted) == 5
     assert variant("cpu", "standard").model.planted == {} and variant("cpu", "mimic").train.mimic_steps > 0
-    assert variant("cpu", "hardcoded").model.planted == {"*.0": "association", "*.1": "manipulation", "*.2": "broadcast"}
+    assert variant("cpu", "hardcoded").model.planted == {"*.0": "association", "*.1": "manipulation",
+                                                         "*.2": "broadcast"}
     last = variant("cpu", "bert", supervision="first+last", n_supervised=2)
     assert supervised_mask(last) == [True, True, False, False, False, True]
     assert variant("paper", "albert").model.n_layers == 12 and variant("paper", "bert").task.n_vars == 12
@@ -93,10 +95,12 @@ def test_seeds_option_trains_every_seed_and_averages_them(root, capsys):
                  "--no-progress"]) == 0
     results = json.loads((out / "results.json").read_text())
     pool = root / "lego-runs-tiny"
-    assert {"bert-s1", "albert-L3-s1"} <= set(results["final_acc"]) and (pool / "bert-s1" / "model.safetensors").exists()
+    assert {"bert-s1", "albert-L3-s1"} <= set(results["final_acc"])
+    assert (pool / "bert-s1" / "model.safetensors").exists()
     assert read_config(pool / "bert-s1").train.seed == 1
     rules = results["parity_rules"]["albert-L3-s1"]  # what each model computes, variable by variable
-    assert len(rules) == read_config(pool / "albert-L3-s1").task.n_vars and all(0.5 <= r["agreement"] <= 1 for r in rules)
+    assert len(rules) == read_config(pool / "albert-L3-s1").task.n_vars
+    assert all(0.5 <= r["agreement"] <= 1 for r in rules)
     assert set(results["headline"]["unsupervised_rules"]) == set(results["final_acc"])
     for name, acc in results["final_acc"].items():  # read back from each run's own metrics, by hand
         records = [json.loads(line) for line in (pool / name / "metrics.jsonl").read_text().splitlines()]

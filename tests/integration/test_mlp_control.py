@@ -63,7 +63,8 @@ def test_control_sees_the_transformers_batches_and_embeddings_and_keeps_them_fro
     # transformer's initial ones still, every layer has moved
     (trained,) = built
     assert torch.equal(trained.W_E.cpu(), initial)
-    moved = {n: not torch.equal(p.detach().cpu(), dict(untrained.named_parameters())[n]) for n, p in trained.named_parameters()}
+    moved = {n: not torch.equal(p.detach().cpu(), dict(untrained.named_parameters())[n])
+             for n, p in trained.named_parameters()}
     assert all(moved.values()), moved
 
 

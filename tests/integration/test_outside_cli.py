@@ -62,7 +62,8 @@ def test_the_docs_command_finds_the_known_circuit(monkeypatch, tmp_path, capsys)
 def test_a_module_spec_works_and_a_second_run_replaces_the_first(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "again"
-    argv = ["analyze-model", "--model", "analyses.examples.induction:build", "--prompts", EXAMPLE_PAIRS, "--out", str(out)]
+    argv = ["analyze-model", "--model", "analyses.examples.induction:build", "--prompts", EXAMPLE_PAIRS,
+            "--out", str(out)]
     assert run(argv, capsys)[0] == 0
     (out / "analysis.json").write_text("{}")
     code, printed, _ = run(argv, capsys)
@@ -106,14 +107,18 @@ BAD = {
     "no such file": ("missing.py:build", None, r"missing.py does not exist"),
     "a folder": ("{dir}/:build", None, "is a folder, not a file"),
     "no such module": ("no_such_package.models:build", None, "no module named 'no_such_package'"),
-    "no such function": ("factories.py:bulid", None, r"has no 'bulid'; it defines \['a_dict', 'broken', 'build', 'exits'\]"),
+    "no such function": ("factories.py:bulid", None,
+                         r"has no 'bulid'; it defines \['a_dict', 'broken', 'build', 'exits'\]"),
     "not a function": ("factories.py:not_a_function", None, r"not_a_function is not a function \(it is int\)"),
-    "factory raises": ("factories.py:broken", None, r"calling broken\(\) failed \(RuntimeError: the checkpoint is missing\)"),
-    "not a HookedTransformer": ("factories.py:a_dict", None, r"a_dict\(\) returned builtins.dict, not a transformer_lens "
-                                                             "HookedTransformer"),
+    "factory raises": ("factories.py:broken", None,
+                       r"calling broken\(\) failed \(RuntimeError: the checkpoint is missing\)"),
+    "not a HookedTransformer": ("factories.py:a_dict", None,
+                                r"a_dict\(\) returned builtins.dict, not a transformer_lens "
+                                "HookedTransformer"),
     "syntax error": ("syntax.py:build", None, r"importing .*syntax.py failed \(SyntaxError"),
     # issue 43: user code that exits would end the workbench with its own status (0 included)
-    "factory exits": ("factories.py:exits", None, r"calling exits\(\) called sys.exit\(0\); a model factory must return"),
+    "factory exits": ("factories.py:exits", None,
+                      r"calling exits\(\) called sys.exit\(0\); a model factory must return"),
     "module exits": ("exits.py:build", None, r"importing .*exits.py called sys.exit\(5\)"),
     "prompts a FIFO": (None, "FIFO", r"--prompts .*pairs.json is a FIFO \(named pipe\), not a regular file"),
     "no pairs file": (None, "MISSING", r"--prompts .*pairs.json does not exist"),
@@ -122,9 +127,11 @@ BAD = {
     "not an object": (None, '"pairs"', r"pairs.json: expected an object with a list \"pairs\""),
     "missing field": (None, pairs_text({k: v for k, v in GOOD_PAIR.items() if k != "wrong_answer"}),
                       r"pairs.json: pair 0 lacks \['wrong_answer'\]"),
-    "unknown key": (None, pairs_text(GOOD_PAIR, prepend_BOS=True), r"the top-level object has key\(s\) \['prepend_BOS'\]"),
+    "unknown key": (None, pairs_text(GOOD_PAIR, prepend_BOS=True),
+                    r"the top-level object has key\(s\) \['prepend_BOS'\]"),
     "unknown pair key": (None, pairs_text(GOOD_PAIR, {**GOOD_PAIR, "wrong": "c"}), r"pair 1 has key\(s\) \['wrong'\]"),
-    "bad prepend_bos": (None, pairs_text(GOOD_PAIR, prepend_bos="yes"), r"\"prepend_bos\" is 'yes'; use true, false or null"),
+    "bad prepend_bos": (None, pairs_text(GOOD_PAIR, prepend_bos="yes"),
+                        r"\"prepend_bos\" is 'yes'; use true, false or null"),
     "no pairs": (None, pairs_text(), "no prompt pairs"),
     "token id out of vocab": (None, json.dumps([{"clean": [7, 0, 1, 12], "corrupted": [7, 3, 1, 0], "answer": 1,
                                                  "wrong_answer": 4}]),
@@ -133,7 +140,8 @@ BAD = {
     "answer id out of vocab": (None, json.dumps([{"clean": [7, 0, 1, 0], "corrupted": [7, 3, 1, 0], "answer": 1,
                                                   "wrong_answer": 10}]),
                                r"wrong_answers\[0\] is token 10, .*: the wrong_answer of pair 0"),
-    "name not in vocab": (None, pairs_text({**GOOD_PAIR, "clean": "h a b c d e f z"}), r"pair 0, clean prompt: \['z'\] not in vocab"),
+    "name not in vocab": (None, pairs_text({**GOOD_PAIR, "clean": "h a b c d e f z"}),
+                          r"pair 0, clean prompt: \['z'\] not in vocab"),
     "strings without a tokenizer": (None, json.dumps([GOOD_PAIR]), "no tokenizer .* and no vocab; give token ids"),
     "too long": (None, pairs_text({**GOOD_PAIR, "clean": "h a b c d e f a b", "corrupted": "h d b c a e f a b"}),
                  "the prompts have 9 tokens but the model's context is n_ctx=8"),

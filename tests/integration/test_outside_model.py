@@ -48,8 +48,8 @@ def tl_mean_logit_diff(pairs: PromptPairs):
 
 
 def random_model(**options) -> HookedTransformer:
-    cfg = dict(n_layers=2, d_model=32, n_heads=2, d_head=8, d_vocab=13, n_ctx=12, act_fn="gelu", normalization_type="LN",
-               seed=1)
+    cfg = dict(n_layers=2, d_model=32, n_heads=2, d_head=8, d_vocab=13, n_ctx=12, act_fn="gelu",
+               normalization_type="LN", seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return HookedTransformer(HookedTransformerConfig(**{**cfg, **options}))
@@ -127,7 +127,8 @@ def test_to_dict_is_json_and_the_report_is_offline(toy, tmp_path):
     assert written["pairs"][0]["clean"] == pairs.token_strings(pairs.clean[0])
     assert written["patching"]["paths"]["circuit"]["nodes"] == analysis.patching.circuit.nodes
     page = analysis.write_report(tmp_path / "deep" / "report.html").read_text()
-    for piece in ("CircuitsVis.AttentionHeads", "data:image/png;base64,", "<svg", "L1H0", "Head scores", "Path patching"):
+    for piece in ("CircuitsVis.AttentionHeads", "data:image/png;base64,", "<svg", "L1H0", "Head scores",
+                  "Path patching"):
         assert piece in page
     assert not re.search(r"<script[^>]+src=", page) and "<link" not in page  # nothing fetched from elsewhere
     assert "Thresholds: previous: 0.50; self: 0.50;" in page  # as text, not as a JSON dict
@@ -149,8 +150,8 @@ def test_a_scalar_metric_is_refused_and_the_wrapper_gives_the_builtin_numbers(to
         ours, builtin = getattr(wrapped.patching, name), getattr(analysis.patching, name)
         torch.testing.assert_close(ours.raw, builtin.raw, atol=1e-5, rtol=1e-5)
         assert ours.clean_metric == pytest.approx(builtin.clean_metric, abs=1e-5)
-    torch.testing.assert_close(wrapped.patching.paths.edges_raw.nan_to_num(), analysis.patching.paths.edges_raw.nan_to_num(),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wrapped.patching.paths.edges_raw.nan_to_num(),
+                               analysis.patching.paths.edges_raw.nan_to_num(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(wrapped.patching.estimates["atp"].estimate.raw,
                                analysis.patching.estimates["atp"].estimate.raw, atol=1e-5, rtol=1e-5)
     assert wrapped.patching.circuit.nodes == analysis.patching.circuit.nodes
@@ -214,7 +215,8 @@ VOCAB = list("abcdefghij")
 @pytest.mark.parametrize("lists, options, message", [
     ((["a b"], ["a c", "b c"], ["b"], ["c"]), {"vocab": VOCAB}, r"the lists differ in length \(clean: 1, corrupted: 2"),
     (([], [], [], []), {}, "no prompt pairs"),
-    ((["a b c"], ["a b"], ["b"], ["c"]), {"vocab": VOCAB}, "pair 0: the clean prompt has 3 tokens and the corrupted one 2"),
+    ((["a b c"], ["a b"], ["b"], ["c"]), {"vocab": VOCAB},
+     "pair 0: the clean prompt has 3 tokens and the corrupted one 2"),
     ((["a b", "a b c"], ["a c", "a c d"], ["b", "c"], ["c", "d"]), {"vocab": VOCAB},
      "pair 1 has 3 tokens but pair 0 has 2; every prompt must have the same number of tokens"),
     ((["a b"], ["a c"], ["b"], ["b"]), {"vocab": VOCAB}, "same answer and wrong answer"),
@@ -223,9 +225,11 @@ VOCAB = list("abcdefghij")
     (([[1, 2]], [[1, 3]], [2], [3.0]), {}, "pair 0, wrong_answer must be a string .* or a token id, not float"),
     (([[1, 2]], [[1, 2.5]], [2], [3]), {}, "pair 0, corrupted prompt must be a string or a list of token ids"),
     (([[1, 2]], [[1, 3]], [-2], [3]), {}, "negative token id"),
-    (([[1, 2, 11]], [[1, 3, 2]], [2], [3]), {"model": "toy"}, r"clean\[0, 2\] is token 11, outside the model's vocabulary 0..9"),
+    (([[1, 2, 11]], [[1, 3, 2]], [2], [3]), {"model": "toy"},
+     r"clean\[0, 2\] is token 11, outside the model's vocabulary 0..9"),
     (([[1, 2]], [[1, 3]], [2], [10]), {"model": "toy"}, r"wrong_answers\[0\] is token 10, outside .* 0..9"),
-    (([[1] * 9], [[2] * 9], [2], [3]), {"model": "toy"}, "the prompts have 9 tokens but the model's context is n_ctx=8"),
+    (([[1] * 9], [[2] * 9], [2], [3]), {"model": "toy"},
+     "the prompts have 9 tokens but the model's context is n_ctx=8"),
 ])
 def test_bad_pairs_are_refused_with_clear_messages(lists, options, message):
     if options.get("model") == "toy":

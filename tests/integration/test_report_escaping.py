@@ -83,4 +83,5 @@ def test_a_payload_in_the_keys_and_values_of_metrics_jsonl_reaches_the_report_on
     assert main(["report", str(out)]) == 0
     page = (out / "report.html").read_text()
     assert_escaped(page)
-    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 3 and page.count("&lt;img src=x onerror=alert(1)&gt;") >= 3
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 3
+    assert page.count("&lt;img src=x onerror=alert(1)&gt;") >= 3

@@ -20,8 +20,9 @@ from models.runs import LOCK, METRICS, TRAIN_STATE, WEIGHTS, read_metrics, run_l
 from models.train import Trainer
 from tests.helpers import folder_bytes, tiny_composite_run
 
-SHORT = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=40", "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20",
-         "--set", "train.eval_size=200", "--no-progress"]
+SHORT = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=40",
+         "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20", "--set", "train.eval_size=200",
+         "--no-progress"]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -203,7 +204,8 @@ def test_a_crash_before_the_first_checkpoint_leaves_a_folder_that_resumes_from_s
     with pytest.warns(UserWarning, match="starting from step 0"):
         assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
     assert same_weights(out, tmp_path / "whole")
-    assert read_metrics(out) and [r["step"] for r in read_metrics(out)] == [r["step"] for r in read_metrics(tmp_path / "whole")]
+    assert read_metrics(out)
+    assert [r["step"] for r in read_metrics(out)] == [r["step"] for r in read_metrics(tmp_path / "whole")]
 
 
 def test_a_damaged_last_metrics_line_is_dropped_with_a_warning_an_earlier_one_is_exit_2(tmp_path, capsys):
@@ -281,7 +283,8 @@ TRAIN_STATE_DAMAGE = {  # name: (damage, what the message must say)
     "meta.digest missing": (lambda t, m: m.pop("digest"), "digest"),
     "meta.loss_sum not finite": (lambda t, m: m.update(loss_sum="nan"), "loss_sum"),
     "an optimizer moment missing": (lambda t, m: t.pop("optim.0.exp_avg_sq"), "optim.0"),
-    "an optimizer moment of another shape": (lambda t, m: t.update({"optim.0.exp_avg": t["optim.0.exp_avg"][:1]}), "optim.0.exp_avg"),
+    "an optimizer moment of another shape": (lambda t, m: t.update({"optim.0.exp_avg": t["optim.0.exp_avg"][:1]}),
+                                             "optim.0.exp_avg"),
     "an unknown optimizer entry": (lambda t, m: t.update({"optim.999.exp_avg": torch.zeros(1)}), "optim.999"),
     "a weight of another shape": (_reshaped_weights, "shape"),
 }
@@ -311,7 +314,8 @@ def test_a_train_state_that_contradicts_itself_is_exit_2_and_changes_nothing(tmp
 
 @pytest.mark.parametrize(("content", "wrong"), [
     ("{not json", "not JSON"), ("{}", "lacks"), ("[1]", "not a JSON object"), ('"text"', "not a JSON object"),
-    (json.dumps({"run": "r", "task": "chess", "heads": {}, "patching": {}, "verdict": {}, "seconds": 1}), "task='chess'"),
+    (json.dumps({"run": "r", "task": "chess", "heads": {}, "patching": {}, "verdict": {}, "seconds": 1}),
+     "task='chess'"),
     (json.dumps({"run": "r", "task": "composite", "heads": 5, "patching": {}, "verdict": {}, "seconds": 1}), "heads"),
     (json.dumps({"run": "r", "task": "composite", "heads": {"scores": 1}, "patching": {}, "verdict": {}, "seconds": 1}),
      "cannot be shown"),

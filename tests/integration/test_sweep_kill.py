@@ -17,9 +17,9 @@ from analyses.cli import main
 from models.runs import WEIGHTS, read_config, run_state
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=16", "--set", "train.batch_size=16",
-         "--set", "train.eval_every=8", "--set", "train.eval_size=64", "--set", "train.warmup_steps=2",
-         "--set", "train.checkpoint_every=8", "--no-progress"]
+SMALL = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=16",
+         "--set", "train.batch_size=16", "--set", "train.eval_every=8", "--set", "train.eval_size=64",
+         "--set", "train.warmup_steps=2", "--set", "train.checkpoint_every=8", "--no-progress"]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -97,7 +97,8 @@ def test_a_cell_killed_after_its_checkpoint_resumes_from_it_and_diverged_cells_a
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
         metrics = cell / "metrics.jsonl"
-        if (cell / "train_state.safetensors").exists() and metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+        checkpointed = (cell / "train_state.safetensors").exists()
+        if checkpointed and metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)

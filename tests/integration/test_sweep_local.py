@@ -16,10 +16,11 @@ from analyses.cli import main
 from analyses.sweep import CellResult, _run_pool, run_cells
 from tests.helpers import tiny_composite_run
 
-TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12", "--set", "train.batch_size=16",
-        "--set", "train.eval_every=6", "--set", "train.eval_size=64", "--set", "train.warmup_steps=2",
-        "--set", "train.checkpoint_every=6", "--no-progress"]
-DIVERGES = ["train.lr=1e9", "train.grad_clip=null", "model.init_gamma=0.01", "train.weight_decay=0", "train.warmup_steps=0"]
+TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12",
+        "--set", "train.batch_size=16", "--set", "train.eval_every=6", "--set", "train.eval_size=64",
+        "--set", "train.warmup_steps=2", "--set", "train.checkpoint_every=6", "--no-progress"]
+DIVERGES = ["train.lr=1e9", "train.grad_clip=null", "model.init_gamma=0.01", "train.weight_decay=0",
+            "train.warmup_steps=0"]
 
 
 def _weights_mtimes(root):
@@ -69,7 +70,8 @@ def test_a_worker_process_that_dies_fails_only_its_own_cell(tmp_path):
     jobs = {name: (tiny_composite_run(seed=i).to_dict(), str(tmp_path / name)) for i, name in enumerate("abcd")}
     recorded = []
     _run_pool(jobs, 2, recorded.append, cell_fn=dies_on_cell_b)
-    assert sorted((r.name, r.status) for r in recorded) == [("a", "done"), ("b", "failed"), ("c", "done"), ("d", "done")]
+    assert sorted((r.name, r.status) for r in recorded) == [("a", "done"), ("b", "failed"), ("c", "done"),
+                                                            ("d", "done")]
     assert "died" in next(r.error for r in recorded if r.name == "b")
     assert {r.final.get("seed") for r in recorded if r.status == "done"} == {0, 2, 3}
     assert all(r.final["pid"] != os.getpid() for r in recorded if r.status == "done")  # trained in workers
@@ -144,7 +146,8 @@ def test_damaged_cell_folders_are_recorded_as_failed_naming_the_file(tmp_path):
     retrained over: the sweep records it as failed with the file's name and goes on; exit 2, since a
     re-run cannot fix a damaged folder (a crashed cell is exit 1: re-run to retry)."""
     out = tmp_path / "sweep"
-    args = ["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0,1", "--out", str(out), "--workers", "1", *TINY]
+    args = ["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0,1", "--out", str(out), "--workers", "1",
+            *TINY]
     assert main(args) == 0
     (out / "seed=1" / "config.json").write_text("{bad")
     lines = (out / "seed=0" / "metrics.jsonl").read_text().splitlines()
@@ -153,5 +156,6 @@ def test_damaged_cell_folders_are_recorded_as_failed_naming_the_file(tmp_path):
     assert main(args) == 2
     cells = json.loads((out / "sweep.json").read_text())["cells"]
     assert cells["seed=1"]["status"] == "failed" and "seed=1/config.json is not JSON" in cells["seed=1"]["error"]
-    assert cells["seed=0"]["status"] == "failed" and "seed=0/metrics.jsonl: line 1 is damaged" in cells["seed=0"]["error"]
+    assert cells["seed=0"]["status"] == "failed"
+    assert "seed=0/metrics.jsonl: line 1 is damaged" in cells["seed=0"]["error"]
     assert _weights_mtimes(out) == weights  # nothing retrained over the damaged folders

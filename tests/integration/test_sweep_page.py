@@ -13,9 +13,10 @@ import pytest
 from analyses.cli import main
 from models.safe_files import run_lock
 
-TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12", "--set", "train.batch_size=16",
-        "--set", "train.eval_every=6", "--set", "train.eval_size=64", "--set", "train.warmup_steps=2",
-        "--set", "train.checkpoint_every=6", "--set", "train.snapshots=0", "--no-progress"]
+TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12",
+        "--set", "train.batch_size=16", "--set", "train.eval_every=6", "--set", "train.eval_size=64",
+        "--set", "train.warmup_steps=2", "--set", "train.checkpoint_every=6", "--set", "train.snapshots=0",
+        "--no-progress"]
 CELLS = [f"init_gamma={g}__n_layers={d}__seed=0" for g in (0.3, 0.5) for d in (1, 2)]
 
 
@@ -98,7 +99,8 @@ def test_a_sweep_in_progress_shows_pending_partial_and_running_cells(sweep, caps
         assert main(["report", str(sweep)]) == 0
     page = _page(sweep)
     assert not page["finished"]
-    assert {n: c["status"] for n, c in page["cells"].items()} == dict(zip(CELLS, ["pending", "partial", "running", "done"]))
+    statuses = {n: c["status"] for n, c in page["cells"].items()}
+    assert statuses == dict(zip(CELLS, ["pending", "partial", "running", "done"]))
     assert page["cells"][CELLS[0]]["label"] is None
     square = next(g for g in page["groups"] if g["runs"] == [CELLS[1]])
     assert square["label"] == "unlearned" and square["provisional"]

@@ -163,7 +163,8 @@ def _ray_head(env: dict):
     ray_cli = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 characters
     try:
-        started = subprocess.run([ray_cli, "start", "--head", f"--port={ports[0]}", f"--ray-client-server-port={ports[1]}",
+        started = subprocess.run([ray_cli, "start", "--head", f"--port={ports[0]}",
+                                  f"--ray-client-server-port={ports[1]}",
                                   "--num-cpus=1", "--include-dashboard=false", "--node-ip-address=127.0.0.1",
                                   f"--temp-dir={temp}"], env=env, capture_output=True, text=True, timeout=180)
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
@@ -184,8 +185,8 @@ def _cli_sweep(out, address: str, env: dict):
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "analyses.cli", "sweep", "--preset", "composite-cpu", "--grid",
                            "train.seed=0,1", "--out", str(out), "--backend", "ray", "--address", address,
-                           "--no-progress", "--set", "train.steps=8", "--set", "train.eval_every=4", "--set",
-                           "train.eval_size=64", "--set", "model.d_model=32"],
+                           "--no-progress", "--set", "train.steps=8", "--set", "train.eval_every=4",
+                           "--set", "train.eval_size=64", "--set", "model.d_model=32"],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=600)
     return proc, time.monotonic() - started
 

@@ -64,7 +64,8 @@ def test_sweep_reader_lists_each_run_and_the_factor_per_identity_lr_scale(tmp_pa
     rows = {r["run"].split(str(tmp_path) + "/")[1]: r for r in sweep_rows([tmp_path, tmp_path / "lr10"])}
     assert sorted(rows) == ["aug-4", "aug-8", "lr10/aug-4", "plain-4", "plain-8"]
     last = json.loads((tmp_path / "aug-8" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert (rows["aug-8"]["test_loss"], rows["aug-8"]["steps"], rows["aug-8"]["stopped"]) == (last["eval_loss"], 10, "budget")
+    aug = rows["aug-8"]
+    assert (aug["test_loss"], aug["steps"], aug["stopped"]) == (last["eval_loss"], 10, "budget")
     model = load_run(tmp_path / "aug-8").model
     assert rows["aug-8"]["max_abs_a_h"] == round(max(b.attn.identity_a.abs().max().item() for b in model.blocks), 4)
     assert "max_abs_a_h" not in rows["plain-8"]
@@ -76,7 +77,8 @@ def test_sweep_reader_lists_each_run_and_the_factor_per_identity_lr_scale(tmp_pa
     with pytest.raises(ValueError, match="two plain runs .* with n = 4"):
         sweep_factors([*rows.values(), rows["plain-4"]])
     # another width is a group of its own, not a second n = 4; its n for error < 0.05 is read per variant
-    wider = [{**rows["plain-4"], "d_model": 32, "test_error": 0.2}, {**rows["plain-8"], "d_model": 32, "test_error": 0.01},
+    wider = [{**rows["plain-4"], "d_model": 32, "test_error": 0.2},
+             {**rows["plain-8"], "d_model": 32, "test_error": 0.01},
              {**rows["aug-4"], "d_model": 32, "test_error": 0.0}, {**rows["aug-8"], "d_model": 32, "test_error": 0.3}]
     by_width = {(f["d_model"], f["augmented"]): f for f in sweep_factors([*rows.values(), *wider])}
     assert by_width[(16, "identity_lr_scale 1.0")] == factors[0]

@@ -84,7 +84,8 @@ def test_a_run_without_snapshots_has_no_timeline_exit_2_and_nothing_written(tmp_
     assert files_of(run) == before
 
 
-def test_a_snapshot_that_does_not_match_its_digest_is_exit_2_naming_it_and_nothing_written(composite_run, tmp_path, capsys):
+def test_a_snapshot_that_does_not_match_its_digest_is_exit_2_naming_it_and_nothing_written(composite_run, tmp_path,
+                                                                                           capsys):
     import shutil
 
     run = tmp_path / "damaged"

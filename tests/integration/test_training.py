@@ -33,9 +33,11 @@ def test_resume_after_a_kill_ends_with_the_weights_of_an_uninterrupted_run(tmp_p
     cfg = make_cfg(steps=30, n_train=None)
     Trainer(cfg, tmp_path / "whole", progress=False).fit()
 
-    kill_then_resume(cfg, tmp_path / "killed", monkeypatch, at_step=15)  # after the checkpoint at 10, an evaluation at 15
+    # after the checkpoint at 10, an evaluation at 15
+    kill_then_resume(cfg, tmp_path / "killed", monkeypatch, at_step=15)
 
-    whole, resumed = load_file(str(tmp_path / "whole/model.safetensors")), load_file(str(tmp_path / "killed/model.safetensors"))
+    whole = load_file(str(tmp_path / "whole/model.safetensors"))
+    resumed = load_file(str(tmp_path / "killed/model.safetensors"))
     assert whole.keys() == resumed.keys()
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
     assert without_time(read_metrics(tmp_path / "whole")) == without_time(read_metrics(tmp_path / "killed"))
@@ -80,7 +82,8 @@ def test_mimic_steps_pretrain_attention_before_the_task(tmp_path):
     assert record["steps"] == 30 and record["final_loss"] < record["loss"][0]
     assert not (tmp_path / "plain" / "mimic.json").exists()
     weights = load_file(str(tmp_path / "mimic" / "model.safetensors"))
-    assert any(not torch.equal(v, load_file(str(tmp_path / "plain" / "model.safetensors"))[k]) for k, v in weights.items())
+    assert any(not torch.equal(v, load_file(str(tmp_path / "plain" / "model.safetensors"))[k])
+               for k, v in weights.items())
 
 
 def test_train_or_load_trains_once_then_loads_and_refuses_another_config(tmp_path):
@@ -271,8 +274,10 @@ def test_decay_on_all_shrinks_the_norms_and_leaves_the_matrices_as_the_default_d
     norms = [n for n in runs["all"] if n.endswith("ln1.w")]
     assert norms
     for n in norms:
-        assert torch.allclose(runs["matrices"][n] - runs["all"][n], torch.full_like(runs["all"][n], lr * 0.5), atol=1e-6)
-    assert all(torch.equal(runs["matrices"][n], runs["all"][n]) for n in runs["all"] if n.rsplit(".", 1)[-1].startswith("W_"))
+        assert torch.allclose(runs["matrices"][n] - runs["all"][n], torch.full_like(runs["all"][n], lr * 0.5),
+                              atol=1e-6)
+    assert all(torch.equal(runs["matrices"][n], runs["all"][n]) for n in runs["all"]
+               if n.rsplit(".", 1)[-1].startswith("W_"))
 
 
 def test_a_uniform_unembedding_bias_is_drawn_at_pytorchs_scale_whatever_the_gamma():

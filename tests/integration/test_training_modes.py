@@ -60,7 +60,8 @@ def test_a_compiled_run_resumes_to_the_weights_of_an_uninterrupted_compiled_run(
     cfg = tiny_lego_run(steps=20, compile=True).with_overrides(["model.tie_layers=true", "model.min_depth=1"])
     Trainer(cfg, tmp_path / "whole", progress=False).fit()
     kill_then_resume(cfg, tmp_path / "killed", monkeypatch, at_step=15)  # after the checkpoint at step 10
-    whole, resumed = load_file(str(tmp_path / "whole/model.safetensors")), load_file(str(tmp_path / "killed/model.safetensors"))
+    whole = load_file(str(tmp_path / "whole/model.safetensors"))
+    resumed = load_file(str(tmp_path / "killed/model.safetensors"))
     # measured equal on this CPU; compiled kernels are not promised bit-reproducible (README), so
     # allow float noise, far below the ~lr per step (1e-3) a lost optimizer or RNG state would give
     assert max((whole[k] - resumed[k]).abs().max().item() for k in whole) < 1e-5
@@ -88,7 +89,8 @@ def test_unknown_precision_is_a_config_error():
 
 
 def test_identity_scalars_train_at_their_own_learning_rate(tmp_path):
-    cfg = tiny_lego_run(steps=3, identity_lr_scale=50.0, warmup_steps=0).with_overrides(["model.identity_attention=true"])
+    cfg = tiny_lego_run(steps=3, identity_lr_scale=50.0,
+                        warmup_steps=0).with_overrides(["model.identity_attention=true"])
     trainer = Trainer(cfg, tmp_path / "run", progress=False)
     groups = {g["lr_scale"]: g for g in trainer.optimizer.param_groups}
     assert set(groups) == {1.0, 50.0}

@@ -31,9 +31,9 @@ from models.runs import (
     weights_digest,
 )
 
-SMALL = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=16", "--set", "train.batch_size=16",
-         "--set", "train.eval_every=8", "--set", "train.eval_size=64", "--set", "train.warmup_steps=2",
-         "--set", "train.checkpoint_every=8", "--no-progress"]
+SMALL = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=16",
+         "--set", "train.batch_size=16", "--set", "train.eval_every=8", "--set", "train.eval_size=64",
+         "--set", "train.warmup_steps=2", "--set", "train.checkpoint_every=8", "--no-progress"]
 
 
 class Killed(BaseException):

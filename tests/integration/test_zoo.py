@@ -110,7 +110,8 @@ def test_every_report_says_how_the_model_got_its_heads(runs):
     from interp.run_report import build_run_report
 
     def summary(name):
-        return next(body for heading, body in build_run_report(runs(name), n_examples=1).sections if heading == "Summary")
+        return next(body for heading, body in build_run_report(runs(name), n_examples=1).sections
+                    if heading == "Summary")
 
     planted = summary("lego-planted")
     assert "planted (hardcoded: layer 1 head 0 association" in planted and "zoo/lego-three-hops" in planted
@@ -118,7 +119,8 @@ def test_every_report_says_how_the_model_got_its_heads(runs):
     assert "Heads: learned: random initialisation" in summary("composite-inferential")
     assert [entry.origin for entry in ZOO.values()] == ["planted", "mimicked", "mimicked", "learned", "learned",
                                                         "warm-started", "warm-started", "warm-started",
-                                                        *["warm-started"] * 4, "learned", "learned", "learned", "learned"]
+                                                        *["warm-started"] * 4, "learned", "learned", "learned",
+                                                        "learned"]
     assert "warm-started from the weights of zoo/lego-three-hops-n6" in summary("lego-three-hops")
 
 
@@ -130,7 +132,8 @@ def test_the_hop_breakdown_reads_a_solved_hop_and_the_zero_hop_rule(runs):
                                                  for cell in line.split(": ", 1)[1].split(", "))
     # the plateau model answers x0 + g0 + g2: always wrong where the parent negates
     assert float(plateau[0].rsplit("accuracy ", 1)[1].rstrip("), by:")) < 0.05
-    assert [line.split(":")[0].strip() for line in solved[1:5]] == ["parent's slot", "own slot", "parent slot - own slot",
+    assert [line.split(":")[0].strip() for line in solved[1:5]] == ["parent's slot", "own slot",
+                                                                    "parent slot - own slot",
                                                                    "parent's letter"]
 
 

@@ -39,7 +39,8 @@ def linear_in_the_pattern(positional: str) -> tuple[HookedTransformer, torch.Ten
     so an estimate that computes the pattern exactly and linearises only after it is exact.
     Large query weights saturate the softmax, where plain attribution is far off."""
     cfg = HookedTransformerConfig(n_layers=1, d_model=16, d_head=4, n_heads=4, n_ctx=8, d_vocab=12, attn_only=True,
-                                  normalization_type=None, attention_dir="bidirectional", positional_embedding_type=positional,
+                                  normalization_type=None, attention_dir="bidirectional",
+                                  positional_embedding_type=positional,
                                   rotary_dim=2 if positional == "rotary" else None, seed=0)
     model = HookedTransformer(cfg)
     with torch.no_grad():
@@ -107,7 +108,8 @@ def test_screen_and_verify_patches_the_estimates_top_cells_exactly():
 
 def result_of(raw: list[float]) -> PatchResult:
     values = torch.tensor([raw])
-    return PatchResult(values, values, ("layer", "head_index"), [0], "head_out", "h", "clean_to_corrupted", "x", 1.0, 0.0)
+    return PatchResult(values, values, ("layer", "head_index"), [0], "head_out", "h", "clean_to_corrupted", "x", 1.0,
+                       0.0)
 
 
 def test_verification_cost_counts_cells_until_exacts_top_k_are_verified():

@@ -149,7 +149,8 @@ def test_planted_heads_survive_training_steps_and_other_heads_learn(gen):
     assert torch.allclose(cache["blocks.0.attn.hook_pattern"][:, 0], planted_pattern("association", tokens, LEGO))
 
 
-@pytest.mark.parametrize(("spec", "message"), [({"0.9": "association"}, "outside"), ({"0.0": "copy"}, "'copy' is unknown"),
+@pytest.mark.parametrize(("spec", "message"),
+                         [({"0.9": "association"}, "outside"), ({"0.0": "copy"}, "'copy' is unknown"),
                                                ({"x": "self"}, "not 'layer.head'")])
 def test_bad_planted_specs(spec, message):
     with pytest.raises(ConfigError, match=message):

@@ -20,7 +20,8 @@ def browser_step(tmp_path: Path, ci: str | None, chromium: bool = False) -> subp
     bin_dir.mkdir()
     for tool in ("bash", "env", "id"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
-    fakes = {"apt-get": "echo 'E: Unable to locate package chromium' >&2; exit 100"} | ({"chromium": "exit 0"} if chromium else {})
+    fakes = {"apt-get": "echo 'E: Unable to locate package chromium' >&2; exit 100"}
+    fakes |= {"chromium": "exit 0"} if chromium else {}
     for name, body in fakes.items():
         (bin_dir / name).write_text(f"#!{shutil.which('bash')}\n{body}\n")
         (bin_dir / name).chmod(0o755)
@@ -51,7 +52,8 @@ def test_once_chromium_is_there_the_browser_tests_must_run(tmp_path, ci):
     assert "require=1" in result.stdout
 
 
-@pytest.mark.parametrize(("env", "fails"), [({"CI": "true"}, True), ({"WORKBENCH_REQUIRE_BROWSER": "1"}, True), ({}, False)])
+@pytest.mark.parametrize(("env", "fails"), [({"CI": "true"}, True), ({"WORKBENCH_REQUIRE_BROWSER": "1"}, True),
+                                            ({}, False)])
 def test_the_browser_fixture_fails_in_ci_and_skips_elsewhere(monkeypatch, env, fails):
     from tests.integration.test_browser_report import skip_or_fail
 

@@ -228,14 +228,17 @@ def test_the_circuits_edges_are_pruned_weakest_first_and_keep_the_target():
     paths = path_patch(model, clean, corrupted, metric)
     circuit = find_circuit(model, clean, corrupted, metric, effects, paths, target=0.6)
     nodes = {(int(n[1]), int(n[3])) for n in circuit.nodes}
-    names = {(f"L{s[0]}H{s[1]}", r if r == "logits" else f"L{r[0]}H{r[1]}.{r[2]}"): (s, r) for s, r in candidate_edges(nodes)}
+    names = {(f"L{s[0]}H{s[1]}", r if r == "logits" else f"L{r[0]}H{r[1]}.{r[2]}"): (s, r)
+             for s, r in candidate_edges(nodes)}
     assert circuit.candidate_edges == len(names) and len(circuit.edges) <= len(names)
     kept = {names[(s, r)] for s, r, _ in circuit.edges}
-    resample, mean = (edge_faithfulness(model, clean, corrupted, metric, nodes, [kept], a)[0] for a in ("resample", "mean"))
+    resample, mean = (edge_faithfulness(model, clean, corrupted, metric, nodes, [kept], a)[0]
+                      for a in ("resample", "mean"))
     assert circuit.edge_faithfulness == round(resample, 4) and circuit.edge_faithfulness_mean == round(mean, 4)
     assert circuit.edge_faithfulness >= min(0.6, circuit.faithfulness) - 1e-6
     assert len(kept) < len(names)  # some edges were not needed, and were dropped
-    assert circuit.no_edge_faithfulness == round(edge_faithfulness(model, clean, corrupted, metric, nodes, [set()])[0], 4)
+    no_edge = edge_faithfulness(model, clean, corrupted, metric, nodes, [set()])[0]
+    assert circuit.no_edge_faithfulness == round(no_edge, 4)
     values = [abs(v) for _, _, v in circuit.edges]
     assert values == sorted(values, reverse=True)
 
@@ -263,7 +266,8 @@ def test_pruning_tries_edges_weakest_path_effect_first_and_keeps_those_it_cannot
         tried.append(edge)
         if edge != needed:
             current = candidate
-    assert tried == sorted(edges, key=lambda e: (abs(strength[circuit_module.edge_name(e)]), circuit_module.edge_name(e)))
+    assert tried == sorted(edges,
+                           key=lambda e: (abs(strength[circuit_module.edge_name(e)]), circuit_module.edge_name(e)))
 
 
 def test_circuit_chains_mark_planted_heads_including_every_layers():
@@ -274,5 +278,6 @@ def test_circuit_chains_mark_planted_heads_including_every_layers():
     heads = HeadScores(torch.zeros(4, 3, 2), [["a", "b"], ["c", "d"], ["e", "f"]], {})
     planted = _planted_names({"*.0": "broadcast", "1.1": "association"}, heads)
     assert planted == {"L0H0", "L1H0", "L2H0", "L1H1"}
-    chain = _named_chain(["L0H1", "L1H1", "L2H0", "logits"], {"L0H1": "mixed", "L1H1": "association", "L2H0": "c"}, planted)
+    chain = _named_chain(["L0H1", "L1H1", "L2H0", "logits"], {"L0H1": "mixed", "L1H1": "association", "L2H0": "c"},
+                         planted)
     assert chain == "L0H1 (mixed) -> L1H1 (association, planted) -> L2H0 (c, planted) -> logits"

@@ -11,7 +11,8 @@ EDGES = [edge_name(e) for e in candidate_edges({(layer, head) for layer in range
 
 
 def test_overlap_counts_sets_and_multisets():
-    assert overlap({"a", "b", "c"}, {"b", "c", "d", "e"}) == {"a": 3, "b": 4, "shared": 2, "jaccard": 0.4, "overlap": 0.6667}
+    assert overlap({"a", "b", "c"}, {"b", "c", "d", "e"}) == {"a": 3, "b": 4, "shared": 2, "jaccard": 0.4,
+                                                              "overlap": 0.6667}
     assert overlap([1, 1, 2], [1, 2, 2]) == {"a": 3, "b": 3, "shared": 2, "jaccard": 0.5, "overlap": 0.6667}
     assert overlap([], []) == {"a": 0, "b": 0, "shared": 0, "jaccard": None, "overlap": None}
 

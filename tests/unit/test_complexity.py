@@ -15,7 +15,8 @@ def test_aligned_query_neurons_count_as_condensed_and_random_ones_do_not():
     direction = torch.randn(model.cfg.d_model)
     with torch.no_grad():  # every neuron of every head along one direction, with either sign
         signs = torch.randint(0, 2, (model.cfg.n_heads, 1, model.cfg.d_head)) * 2 - 1
-        model.blocks[0].attn.W_Q.copy_(direction[None, :, None] * signs + 1e-3 * torch.randn_like(model.blocks[0].attn.W_Q))
+        model.blocks[0].attn.W_Q.copy_(direction[None, :, None] * signs
+                                       + 1e-3 * torch.randn_like(model.blocks[0].attn.W_Q))
     condensed = query_condensation(model, 0)
     assert condensed.share_aligned == 1.0 and condensed.mean_abs_cosine > 0.99
     cosines = query_neuron_cosines(model.blocks[0].attn.W_Q)

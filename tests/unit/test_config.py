@@ -17,7 +17,8 @@ def test_overrides_parse_values_and_keep_types():
     cfg = get_preset("lego-cpu").with_overrides(["model.tie_layers=true", "train.lr=3e-3", "task.n_vars=8",
                                                   "model.init_gamma=null", "train.steps=10"])
     assert cfg.model.tie_layers is True and cfg.train.lr == 3e-3 and cfg.task.n_vars == 8
-    assert get_preset("composite-cpu").with_overrides(["task.held_out=[\"4,3\",\"3,4\"]"]).task.held_out == ["4,3", "3,4"]
+    assert get_preset("composite-cpu").with_overrides(["task.held_out=[\"4,3\",\"3,4\"]"]).task.held_out == ["4,3",
+                                                                                                             "3,4"]
     assert get_preset("lego-cpu").with_overrides(["train.lr=1"]).train.lr == 1.0
 
 

@@ -72,7 +72,8 @@ def test_cuda_kernels_are_deterministic_only_with_a_cublas_workspace_config(monk
         assert torch.are_deterministic_algorithms_enabled() is deterministic
         assert torch.is_deterministic_algorithms_warn_only_enabled() is deterministic
     with deterministic_kernels(torch.device("cpu")):
-        assert torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
     assert not torch.are_deterministic_algorithms_enabled()
 
 

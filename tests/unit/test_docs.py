@@ -152,7 +152,8 @@ def test_the_readmes_commands_parse():
     from analyses.cli import _parser
 
     text = README.read_text()
-    spans = re.findall(r"`([^`\n]+)`", text) + [line for block in _code_blocks(text, "bash") for line in block.splitlines()]
+    spans = re.findall(r"`([^`\n]+)`", text) + [line for block in _code_blocks(text, "bash")
+                                                for line in block.splitlines()]
     commands = [re.sub(r"\s+#.*$", "", span).strip() for span in spans]
     workbench = [c for c in commands if re.match(r"^(\.venv/bin/)?workbench \w", c) and "..." not in c]
     assert len(workbench) >= 10, workbench

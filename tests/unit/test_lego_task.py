@@ -153,7 +153,8 @@ def test_a_forest_fraction_cuts_only_that_share_of_training_rows(gen):
     assert abs((n_values == 6).float().mean().item() - 0.5) < 0.03
 
 
-@pytest.mark.parametrize("field", ["biased_fraction", "identity_prob", "ordered_fraction", "forest_fraction", "cut_prob"])
+@pytest.mark.parametrize("field", ["biased_fraction", "identity_prob", "ordered_fraction", "forest_fraction",
+                                   "cut_prob"])
 def test_curriculum_fractions_outside_0_1_are_refused(field):
     with pytest.raises(ConfigError, match=f"task.{field}=1.5"):
         LegoConfig(**{field: 1.5})
@@ -208,7 +209,8 @@ def test_n_letters_names_variables_from_the_first_letters_only(gen):
     task = LegoTask(LegoConfig(n_vars=6, n_letters=6))
     for split in ("train", "test"):
         batch = task.sample(200, gen, split=split)
-        letters = {token for row in batch.tokens.tolist() for token in row if task.vocab[token] in "abcdefghijklmnopqrstuvwxyz"}
+        letters = {token for row in batch.tokens.tolist() for token in row
+                   if task.vocab[token] in "abcdefghijklmnopqrstuvwxyz"}
         assert {task.vocab[t] for t in letters} == set("abcdef")
     assert_labels_follow_the_text(task, task.sample(50, gen), 50)
     with pytest.raises(ConfigError, match="task.n_letters=5"):

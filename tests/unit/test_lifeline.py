@@ -53,7 +53,8 @@ def test_a_watch_inside_a_block_kills_the_process_when_the_watched_one_ends_and_
     script = ("import sys, time\nfrom analyses.lifeline import dying_with\n"
               "with dying_with(int(sys.argv[1])): pass\nprint('block left', flush=True)\n"
               "with dying_with(int(sys.argv[1])): print('inside', flush=True); time.sleep(30)\n")
-    watcher = subprocess.Popen([sys.executable, "-c", script, str(sleeper.pid)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen([sys.executable, "-c", script, str(sleeper.pid)], cwd=REPO, stdout=subprocess.PIPE,
+                               text=True)
     assert watcher.stdout.readline() == "block left\n"  # a finished block stopped its watch
     assert watcher.stdout.readline() == "inside\n"
     sleeper.kill()

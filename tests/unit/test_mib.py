@@ -28,7 +28,8 @@ HEADS = [f"L{layer}H{head}" for layer in range(3) for head in range(2)]
 
 
 def every_scored_edge(n_layers=3, n_heads=2):
-    return [edge_name(e) for e in candidate_edges({(layer, head) for layer in range(n_layers) for head in range(n_heads)})]
+    return [edge_name(e)
+            for e in candidate_edges({(layer, head) for layer in range(n_layers) for head in range(n_heads)})]
 
 
 def scores_for(edges):
@@ -89,7 +90,8 @@ def test_without_edge_scores_every_edge_between_kept_heads_is_in():
 def test_files_follow_the_documented_keys_and_bad_ones_are_refused():
     data = mib_file(CFG, ["L1H0"], [("L1H0", "logits")], scores_for(every_scored_edge()), {h: 0.0 for h in HEADS})
     check_mib(data)
-    assert set(data) >= {"cfg", "nodes", "edges"} and set(data["cfg"]) == {"n_layers", "n_heads", "parallel_attn_mlp", "d_model"}
+    assert set(data) >= {"cfg", "nodes", "edges"}
+    assert set(data["cfg"]) == {"n_layers", "n_heads", "parallel_attn_mlp", "d_model"}
     assert all(set(e) == {"score", "in_graph"} and isinstance(e["in_graph"], bool) and isinstance(e["score"], float)
                for e in data["edges"].values())
     assert all(set(n) <= {"in_graph", "score"} for n in data["nodes"].values())
@@ -101,7 +103,8 @@ def test_files_follow_the_documented_keys_and_bad_ones_are_refused():
         return bad
 
     for change, words in [(lambda d: d.pop("edges"), "keys"), (lambda d: d["cfg"].pop("d_model"), "cfg"),
-                          (lambda d: d["edges"].update({"a2.h0->a1.h0<q>": {"score": 0.0, "in_graph": True}}), "not in MIB"),
+                          (lambda d: d["edges"].update({"a2.h0->a1.h0<q>": {"score": 0.0, "in_graph": True}}),
+                           "not in MIB"),
                           (lambda d: d["edges"]["a1.h0->logits"].pop("score"), "score"),
                           (lambda d: d["edges"]["a1.h0->logits"].update(in_graph=1), "in_graph"),
                           (lambda d: d["edges"]["a1.h0->logits"].update(score=math.inf), "finite"),

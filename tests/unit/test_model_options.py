@@ -246,7 +246,8 @@ def test_one_guard_serves_path_patching_edge_ablation_and_both_analyses():
 @pytest.mark.parametrize("options", [
     pytest.param({"positional_embedding_type": "shortformer"}, id="shortformer"),
     pytest.param({"positional_embedding_type": "alibi", "attention_dir": "bidirectional"}, id="alibi_bidirectional"),
-    pytest.param({"use_logn_attn": True, "train_seq_length": 3, "attention_dir": "bidirectional"}, id="logn_bidirectional"),
+    pytest.param({"use_logn_attn": True, "train_seq_length": 3, "attention_dir": "bidirectional"},
+                 id="logn_bidirectional"),
     pytest.param({"n_key_value_heads": 1}, id="n_key_value_heads"),
     pytest.param({"parallel_attn_mlp": True}, id="parallel_attn_mlp"),
 ])

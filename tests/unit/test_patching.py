@@ -192,7 +192,8 @@ def test_attribution_runs_each_input_forward_once_and_only_the_target_backward(d
     forward_batches, backward_batches = [], []
     handles = [
         model.blocks[0].register_forward_hook(lambda module, inputs, out: forward_batches.append(out.shape[0])),
-        model.unembed.register_full_backward_hook(lambda module, grad_in, grad_out: backward_batches.append(grad_out[0].shape[0])),
+        model.unembed.register_full_backward_hook(
+            lambda module, grad_in, grad_out: backward_batches.append(grad_out[0].shape[0])),
     ]
     attribute_head_out_by_pos(model, clean.tokens, corrupted.tokens, metric, direction=direction)
     for handle in handles:
@@ -354,13 +355,15 @@ def test_benchmark_judges_four_estimates_side_by_side_by_the_verified_fraction(b
     for cells, names in estimates.items():
         for name in names:
             assert 0 < results[f"yardstick.{cells}.{name}.verified"] <= 1
-            assert -1 <= results[f"yardstick.{cells}.{name}.spearman"] <= 1 and results[f"yardstick.{cells}.{name}.time_s"] > 0
+            assert -1 <= results[f"yardstick.{cells}.{name}.spearman"] <= 1
+            assert results[f"yardstick.{cells}.{name}.time_s"] > 0
     # the fraction is AtP*'s verification cost, recomputed here for GradDrop on head x position cells
     clean, corrupted = unaligned_pairs(COMPOSITE, 4, 0)
     args = (model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, 0))
     exact = patch_head_out_by_pos(*args)
     graddrop = attribution_patch(*args, "head_out", ("pos", "head_index"), grad_drop=True)
-    assert results["yardstick.head_out_by_pos.graddrop.verified"] == verification_cost(graddrop, exact, 3) / exact.values.numel()
+    assert results["yardstick.head_out_by_pos.graddrop.verified"] == verification_cost(graddrop, exact,
+                                                                                       3) / exact.values.numel()
     print_report(results)
     table = capsys.readouterr().out.split("AtP*'s yardstick")[1].splitlines()
     assert [line.split()[:3] for line in table[2:5]] == [["head", "x", "pos"]] * 3  # exact, then each estimate
@@ -385,7 +388,8 @@ def test_exact_patching_of_a_model_with_planted_heads_matches_transformer_lens(g
     metric = logit_diff_metric(clean, corrupted, label_index=2)
     ours = patch_head_out_by_pos(model, clean.tokens, corrupted.tokens, metric)
     _, clean_cache = model.run_with_cache(clean.tokens)
-    theirs = get_act_patch_attn_head_out_by_pos(model, corrupted.tokens, clean_cache, lambda logits: metric(logits).mean())
+    theirs = get_act_patch_attn_head_out_by_pos(model, corrupted.tokens, clean_cache,
+                                                lambda logits: metric(logits).mean())
     assert (ours.raw - theirs).abs().max() <= 1e-4
 
 

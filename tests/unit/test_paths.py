@@ -43,8 +43,8 @@ def test_path_patching_equals_the_slow_reference(task, model_cfg, direction):
             for lr in range(ls + 1, 3):
                 for hr in range(2):
                     for i, name in enumerate(INPUTS):
-                        ref = path_patch_reference(model, clean.tokens, corrupted.tokens, metric, (ls, hs), (lr, hr, name),
-                                                   direction)
+                        ref = path_patch_reference(model, clean.tokens, corrupted.tokens, metric, (ls, hs),
+                                                   (lr, hr, name), direction)
                         diffs.append(abs(result.edges_raw[ls, hs, lr, hr, i].item() - ref))
     print(f"\npath patching vs the slow reference ({len(diffs)} paths, {direction}): max |difference| {max(diffs):.2g}")
     assert max(diffs) <= 1e-4
@@ -57,7 +57,8 @@ def test_planted_heads_have_no_query_or_key_paths_and_zeroed_outputs_no_edges():
     """Known by construction: a planted head's pattern ignores its queries and keys, so every
     Q and K edge into it is exactly 0 (normalised) while its V edges are not; a head whose
     W_O is zero sends nothing."""
-    model = build_model(ModelConfig(n_layers=3, d_model=32, n_heads=2, planted={"1.0": "association", "2.1": "manipulation"}),
+    model = build_model(ModelConfig(n_layers=3, d_model=32, n_heads=2,
+                                    planted={"1.0": "association", "2.1": "manipulation"}),
                         LEGO, seed=4)
     with torch.no_grad():
         model.blocks[0].attn.W_O[1].zero_()
@@ -118,9 +119,11 @@ def planted_circuit(layout, seed: int) -> HookedTransformer:
     n_layers, edges, outputs, planted, task = layout
     live = sorted({head for edge in edges for head in edge} | set(outputs))
     d_model = EMBED_DIMS + HEAD_DIMS * len(live)
-    subspace = {head: slice(EMBED_DIMS + HEAD_DIMS * i, EMBED_DIMS + HEAD_DIMS * (i + 1)) for i, head in enumerate(live)}
+    subspace = {head: slice(EMBED_DIMS + HEAD_DIMS * i, EMBED_DIMS + HEAD_DIMS * (i + 1))
+                for i, head in enumerate(live)}
     cfg = HookedTransformerConfig(n_layers=n_layers, d_model=d_model, n_heads=2, d_head=4, d_vocab=task.d_vocab,
-                                  d_vocab_out=task.d_vocab_out, n_ctx=task.n_ctx, attn_only=True, normalization_type=None,
+                                  d_vocab_out=task.d_vocab_out, n_ctx=task.n_ctx, attn_only=True,
+                                  normalization_type=None,
                                   attention_dir="causal" if task.causal else "bidirectional", seed=seed)
     with warnings.catch_warnings():  # TL 3.x announces 4.0 on every construction (models/factory.py)
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -184,6 +187,7 @@ def test_path_patching_finds_exactly_the_planted_edges(layout, seed):
     weakest = min(values[edge] for edge in expected)
     strongest_other = max(value for edge, value in values.items() if edge not in expected)
     print(f"\nplanted {layout} seed {seed}: recall {recall:.0%}, precision {precision:.0%} "
-          f"({len(expected)} edges of {len(values)}); weakest planted {weakest:.3g}, strongest other {strongest_other:.1g}")
+          f"({len(expected)} edges of {len(values)}); weakest planted {weakest:.3g}, strongest other "
+          f"{strongest_other:.1g}")
     assert found == expected
     assert {(s, r) for s, r, _ in result.strongest(k=len(expected))} == expected

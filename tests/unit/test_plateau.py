@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from interp.probes import residual_similarity
-from interp.tasks.lego import hop_pull, parent_element_split
+from interp.tasks.lego_plateau import hop_pull, parent_element_split
 from models.config import ModelConfig
 from models.factory import build_model
 from tasks import LegoConfig, LegoTask

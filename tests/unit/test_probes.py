@@ -9,10 +9,10 @@ with install_import_hook("interp.probes", "beartype.beartype"):
     from interp.probes import ProbeSet, fit_probes, probe_grid, residual_streams, residuals_at
 
 from interp.tasks.composite import composite_probe_map  # noqa: E402
-from interp.tasks.lego import (  # noqa: E402
-    _percolation_findings,
+from interp.tasks.lego_probes import (  # noqa: E402
     first_layer_reaching,
     lego_probe_map,
+    percolation_findings,
     percolation_fit,
     percolation_summary,
 )
@@ -125,10 +125,11 @@ def test_every_percolation_line_names_its_resolved_depths_and_none_gives_a_slope
         line = percolation_summary(first)
         assert "slope" in line and "layers per" not in line, line  # no number is printed as a slope
         assert f"{sum(f is not None for f in first)} of {len(first)} depths resolved" in line
-    finding, = _percolation_findings([1, 2, None, None])
+    finding, = percolation_findings([1, 2, None, None])
     assert finding.startswith("probes: no percolation slope: 2 of 4 depths resolved") and "layers per" not in finding
-    finding, = _percolation_findings([0, 1, 2, 3])
-    assert "percolation slope 1.00 layers per reasoning step" in finding and "fitted on 4 of 4 resolved depths" in finding
+    finding, = percolation_findings([0, 1, 2, 3])
+    assert "percolation slope 1.00 layers per reasoning step" in finding
+    assert "fitted on 4 of 4 resolved depths" in finding
 
 
 def test_composite_map_names_its_axes_and_reads_the_key_from_the_embedding():

@@ -110,7 +110,8 @@ def point(step: int, label: str, share: float | None = None, rate: float = 0.0) 
 
 def test_the_summary_says_when_the_verdict_settled_every_change_and_when_each_head_formed():
     points = [point(0, "unlearned"), point(10, "mixed", 0.1, 0.3), point(20, "inferential", 0.5, 0.8),
-              point(40, "symmetric", 0.6, 0.1), point(80, "inferential", 0.7, 0.96), point(160, "inferential", 0.7, 0.97)]
+              point(40, "symmetric", 0.6, 0.1), point(80, "inferential", 0.7, 0.96),
+              point(160, "inferential", 0.7, 0.97)]
     summary = summarize(points)
     assert summary["final_label"] == "inferential" and summary["decided_at"] == 80
     assert [(c["step"], c["from"], c["to"]) for c in summary["changes"]] == [

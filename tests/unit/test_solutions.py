@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from interp.tasks.composite import classify_composite, composite_verdict
-from interp.tasks.lego import last_learned_before_middle, learned_steps
+from interp.tasks.lego_verdict import last_learned_before_middle, learned_steps
 from models.config import ModelConfig
 from models.factory import build_model
 from tasks import CompositeConfig, CompositeTask
@@ -54,7 +54,8 @@ def test_composite_verdict_of_a_symmetric_oracle_model():
     model.unembed.register_forward_hook(lambda m, args, out: oracle(state["tokens"], None))
     verdict = composite_verdict(model, task, n=200)
     assert verdict.verdict == "symmetric" and verdict.seen_accuracy == 1.0
-    assert verdict.held_out_symmetric + verdict.held_out_inferential == pytest.approx(1.0) and verdict.held_out_symmetric > 0.8
+    assert verdict.held_out_symmetric + verdict.held_out_inferential == pytest.approx(1.0)
+    assert verdict.held_out_symmetric > 0.8
     assert len(verdict.attention_flow["last->key"]) == 1 and verdict.cosine_same_target is not None
     last = task.n_key_positions - 1  # the key there puts the pair at the sequence's end
     by_position = verdict.held_out_by_key_position
@@ -64,7 +65,7 @@ def test_composite_verdict_of_a_symmetric_oracle_model():
 def test_parity_rules_name_the_rule_a_scripted_lego_model_follows():
     """A model scripted to answer #0-#2 correctly, then 'root, #0's element, my parent's element
     and mine' (one hop, then stop) and a negated rule for the last: each rule is recovered."""
-    from interp.tasks.lego import lego_parity_rules
+    from interp.tasks.lego_verdict import lego_parity_rules
     from tasks import LegoConfig, LegoTask, seeded_generator
 
     task = LegoTask(LegoConfig(n_vars=6, n_supervised=3))

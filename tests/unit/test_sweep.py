@@ -16,7 +16,8 @@ from tests.helpers import tiny_composite_run
 
 
 def test_parse_grid_reads_json_values_and_keeps_strings():
-    grid = parse_grid(["model.init_gamma=0.3,0.5", "train.seed=0,1,2", "model.act_fn=gelu,relu", "train.grad_clip=null,1"])
+    grid = parse_grid(["model.init_gamma=0.3,0.5", "train.seed=0,1,2", "model.act_fn=gelu,relu",
+                       "train.grad_clip=null,1"])
     assert grid == {"model.init_gamma": [0.3, 0.5], "train.seed": [0, 1, 2], "model.act_fn": ["gelu", "relu"],
                     "train.grad_clip": [None, 1]}
 

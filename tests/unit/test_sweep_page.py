@@ -24,7 +24,8 @@ def test_a_square_holds_its_seeds_majority_verdict_k_of_n_and_mean_rates():
     grid = {"model.init_gamma": [0.5, 0.9], "train.seed": [0, 1, 2]}
     cells = [_cell(0.5, 0, label="symmetric", x=0.2), _cell(0.5, 1, label="symmetric", x=0.4),
              _cell(0.5, 2, label="inferential", x=0.9),
-             _cell(0.9, 0, x=1.0), _cell(0.9, 1, status="pending", label=None), _cell(0.9, 2, status="failed", label=None)]
+             _cell(0.9, 0, x=1.0), _cell(0.9, 1, status="pending", label=None),
+             _cell(0.9, 2, status="failed", label=None)]
     low, high = group_cells(cells, grid, choose_axes(grid))
     assert (low["label"], low["k"], low["n"], low["rates"]) == ("symmetric", 2, 3, {"x": 0.5})
     assert (high["label"], high["k"], high["n"], high["statuses"]) == ("inferential", 1, 3,

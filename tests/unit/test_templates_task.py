@@ -78,7 +78,8 @@ def test_config_errors_name_the_value():
     with pytest.raises(ConfigError, match="template='nope'"):
         TemplatesConfig(template="nope")
     with pytest.raises(ValueError, match="change='query'"):
-        task("same_different").corrupt(task("same_different").sample(4, seeded_generator(0)), seeded_generator(0), "query")
+        task("same_different").corrupt(task("same_different").sample(4, seeded_generator(0)), seeded_generator(0),
+                                       "query")
 
 
 def test_registered_and_buildable_as_a_causal_model_with_fixed_embeddings(gen):
