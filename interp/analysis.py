@@ -17,7 +17,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -45,7 +45,7 @@ from models.runs import (
     read_json,
 )
 from models.safe_files import finite_json, nan_at
-from tasks import Batch, ConfigError, Task, logits_at_labels, seeded_generator
+from tasks import Batch, ConfigError, Task, TaskContractError, logits_at_labels, seeded_generator
 
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
 SCHEMA = 3  # the version of analysis.json written, as "schema"; a file without one is version 1 (UPGRADES)
@@ -174,8 +174,37 @@ class TaskAnalysis:
 TASK_ANALYSES: dict[str, TaskAnalysis] = {}  # task name -> its analysis, filled by the modules of interp/tasks/
 
 
+ANALYSIS_DOC_SECTION = "docs/tasks.md, 'The analysis contract'"
+
+
+def analysis_contract() -> dict[str, bool]:
+    """TaskAnalysis's fields, each with whether it is required (docs/tasks.md lists the same)."""
+    return {f.name: f.default is MISSING for f in fields(TaskAnalysis)}
+
+
+def check_analysis(name: str, analysis: object) -> None:
+    """TaskContractError naming the task, the field and the doc section where `analysis` is not a
+    TaskAnalysis whose functions are functions and whose captions are strings (a required caption
+    not empty); nothing is called."""
+    def fail(what: str) -> TaskContractError:
+        return TaskContractError(f"the analysis of task {name!r}: {what} (see {ANALYSIS_DOC_SECTION})")
+
+    if not isinstance(analysis, TaskAnalysis):
+        raise fail(f"register_analysis takes an interp.analysis.TaskAnalysis, not {type(analysis).__name__}")
+    for field in fields(TaskAnalysis):
+        value, required, kind = getattr(analysis, field.name), field.default is MISSING, str(field.type)
+        optional = kind.endswith("| None")  # the annotation, a string here: "Callable[...] | None"
+        if kind == "str":
+            if not isinstance(value, str) or (required and not value.strip()):
+                raise fail(f"`{field.name}` is {value!r}; it must be a{' non-empty' if required else ''} string")
+        elif not (callable(value) or (value is None and optional)):
+            raise fail(f"`{field.name}` is {value!r}; it must be a function{' or None' if optional else ''}")
+
+
 def register_analysis(name: str, analysis: TaskAnalysis) -> None:
-    """Make `analysis` the task `name`'s steps of `workbench analyze` and of its report."""
+    """Make `analysis` the task `name`'s steps of `workbench analyze` and of its report; checked
+    first (`check_analysis`)."""
+    check_analysis(name, analysis)
     known = TASK_ANALYSES.get(name)
     if known is not None and known is not analysis:
         raise RuntimeError(f"two analyses are registered for task {name!r}")
