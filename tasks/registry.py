@@ -69,8 +69,12 @@ def registered_task(name: object) -> RegisteredTask:
         raise ConfigError(f"task.name={name!r} is unknown; it must be a string, one of {task_names()}")
     entry = _TASKS[name]
     if _CHECKED.get(name) != entry:
-        check_task(name, entry.config, entry.task)
-        _CHECKED[name] = entry
+        _CHECKED[name] = entry  # first, so that a task built inside its own check is not checked again
+        try:
+            check_task(name, entry.config, entry.task)
+        except BaseException:
+            del _CHECKED[name]
+            raise
     return entry
 
 

@@ -197,7 +197,6 @@ def test_workbench_train_refuses_a_broken_task_at_once_with_status_2(registry, t
     """`workbench train` stops before anything is written or trained, with the documented status of a
     configuration error and the message naming the task, the member and the doc section."""
     import json
-    import time
 
     from analyses.cli import main
 
@@ -205,11 +204,9 @@ def test_workbench_train_refuses_a_broken_task_at_once_with_status_2(registry, t
     config = tmp_path / "parity.json"
     config.write_text(json.dumps({"task": {"name": "parity"}, "train": {"steps": 5}}))
     out = tmp_path / "run"
-    start = time.perf_counter()
     status = main(["train", "--config", str(config), "--out", str(out), "--no-progress"])
-    seconds = time.perf_counter() - start
     err = capsys.readouterr().err
     assert status == 2, err
     assert f"task 'parity': {member}" in err and f"(see {DOC_SECTION})" in err
     assert "unexpected error" not in err
-    assert not out.exists() and seconds < 10
+    assert not out.exists()  # refused before the run folder was made: nothing trained
