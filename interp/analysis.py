@@ -141,7 +141,7 @@ class TaskAnalysis:
       says (labels: "L1H0" -> head label; planted: "L1H0" names of hardcoded heads);
     headline(verdict) -> the one line `workbench analyze` prints;
     verdict_html, probes_html -> report sections, from analysis.json's verdict and probes;
-    curves(run) -> the training-curve figure;
+    curves(run) -> the training-curve figure; curves_caption: the caption under it;
     planted_note -> HTML the report adds where a run's model has planted heads (what such a model
       of this task is not, and where to look instead);
     verdict_label(verdict dict) -> the verdict in a word or phrase, for the timeline (default: its
@@ -154,7 +154,9 @@ class TaskAnalysis:
     verdict_rates(verdict dict) -> name -> value: the few rates that decide the verdict, named as
       `summary` names them (default: the first panel of `timeline_panels`);
     share_probe(run, seed) -> the pair sets a head's causal share is measured on, beside its label
-      (interp.head_evidence; default: the counterfactual pairs of the patching section)."""
+      (interp.head_evidence; default: the counterfactual pairs of the patching section).
+
+    Which fields are required: docs/tasks.md, "The analysis contract" (`check_analysis`)."""
 
     findings: Callable[[LoadedRun, int], tuple[Probes | None, Verdict]]
     headline: Callable[[Verdict], str]
