@@ -1,13 +1,15 @@
 # Two commands from a fresh clone: `make demo` (set up, train the lego-cpu model, write its report)
 # and `make test` (set up, run the test suite). torch is pinned through constraints.txt and
-# installed first, so a CPU machine never pulls the multi-GB CUDA wheels.
+# installed first, from TORCH_INDEX when it is set (below), else from pip's own index.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# TORCH_INDEX: a PyTorch wheel index to take torch from (e.g. a CUDA build's, pytorch.org/get-started);
-# empty: pip's own configuration (PyPI's Linux x86-64 torch wheel is itself a CUDA build)
+# TORCH_INDEX: a PyTorch wheel index to take torch from: https://download.pytorch.org/whl/cpu for the
+# CPU build, or a CUDA build's (pytorch.org/get-started). Empty: pip's own configuration, which on
+# PyPI means the Linux x86-64 CUDA build and its CUDA libraries; a pip set up to find a CPU wheel
+# (as on our CI machines) takes that.
 TORCH_INDEX ?=
 
 .PHONY: setup demo test test-slow lint benchmark gpu-check clean

@@ -17,7 +17,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -45,7 +45,7 @@ from models.runs import (
     read_json,
 )
 from models.safe_files import finite_json, nan_at
-from tasks import Batch, ConfigError, Task, logits_at_labels, seeded_generator
+from tasks import Batch, ConfigError, Task, TaskContractError, logits_at_labels, seeded_generator
 
 FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
 SCHEMA = 3  # the version of analysis.json written, as "schema"; a file without one is version 1 (UPGRADES)
@@ -143,7 +143,7 @@ class TaskAnalysis:
       says (labels: "L1H0" -> head label; planted: "L1H0" names of hardcoded heads);
     headline(verdict) -> the one line `workbench analyze` prints;
     verdict_html, probes_html -> report sections, from analysis.json's verdict and probes;
-    curves(run) -> the training-curve figure;
+    curves(run) -> the training-curve figure; curves_caption: the caption under it;
     planted_note -> HTML the report adds where a run's model has planted heads (what such a model
       of this task is not, and where to look instead);
     verdict_label(verdict dict) -> the verdict in a word or phrase, for the timeline (default: its
@@ -156,7 +156,9 @@ class TaskAnalysis:
     verdict_rates(verdict dict) -> name -> value: the few rates that decide the verdict, named as
       `summary` names them (default: the first panel of `timeline_panels`);
     share_probe(run, seed) -> the pair sets a head's causal share is measured on, beside its label
-      (interp.head_evidence; default: the counterfactual pairs of the patching section)."""
+      (interp.head_evidence; default: the counterfactual pairs of the patching section).
+
+    Which fields are required: docs/tasks.md, "The analysis contract" (`check_analysis`)."""
 
     findings: Callable[[LoadedRun, int], tuple[Probes | None, Verdict]]
     headline: Callable[[Verdict], str]
@@ -176,8 +178,37 @@ class TaskAnalysis:
 TASK_ANALYSES: dict[str, TaskAnalysis] = {}  # task name -> its analysis, filled by the modules of interp/tasks/
 
 
+ANALYSIS_DOC_SECTION = "docs/tasks.md, 'The analysis contract'"
+
+
+def analysis_contract() -> dict[str, bool]:
+    """TaskAnalysis's fields, each with whether it is required (docs/tasks.md lists the same)."""
+    return {f.name: f.default is MISSING for f in fields(TaskAnalysis)}
+
+
+def check_analysis(name: str, analysis: object) -> None:
+    """TaskContractError naming the task, the field and the doc section where `analysis` is not a
+    TaskAnalysis whose functions are functions and whose captions are strings (a required caption
+    not empty); nothing is called."""
+    def fail(what: str) -> TaskContractError:
+        return TaskContractError(f"the analysis of task {name!r}: {what} (see {ANALYSIS_DOC_SECTION})")
+
+    if not isinstance(analysis, TaskAnalysis):
+        raise fail(f"register_analysis takes an interp.analysis.TaskAnalysis, not {type(analysis).__name__}")
+    for field in fields(TaskAnalysis):
+        value, required, kind = getattr(analysis, field.name), field.default is MISSING, str(field.type)
+        optional = kind.endswith("| None")  # the annotation, a string here: "Callable[...] | None"
+        if kind == "str":
+            if not isinstance(value, str) or (required and not value.strip()):
+                raise fail(f"`{field.name}` is {value!r}; it must be a{' non-empty' if required else ''} string")
+        elif not (callable(value) or (value is None and optional)):
+            raise fail(f"`{field.name}` is {value!r}; it must be a function{' or None' if optional else ''}")
+
+
 def register_analysis(name: str, analysis: TaskAnalysis) -> None:
-    """Make `analysis` the task `name`'s steps of `workbench analyze` and of its report."""
+    """Make `analysis` the task `name`'s steps of `workbench analyze` and of its report; checked
+    first (`check_analysis`)."""
+    check_analysis(name, analysis)
     known = TASK_ANALYSES.get(name)
     if known is not None and known is not analysis:
         raise RuntimeError(f"two analyses are registered for task {name!r}")

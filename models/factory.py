@@ -40,7 +40,7 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
     )
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # TL 3.x warns on every construction that 4.0 replaces HookedTransformer; we pin <4 on
-        # purpose (DESIGN.md), so the warning carries no news for our users
+        # purpose (docs/design.md, Decisions), so the warning carries no news for our users
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.manual_seed(seed)
         model = HookedTransformer(tl_cfg)

@@ -8,6 +8,7 @@ import pkgutil
 
 from tasks.base import Batch, ConfigError, CounterfactualPairs, Task, logits_at_labels, seeded_generator
 from tasks.composite import CompositeConfig, CompositeTask
+from tasks.contract import TaskContractError
 from tasks.lego import LegoConfig, LegoTask
 from tasks.registry import TaskConfig, make_task, register_task, registered_task, task_names
 from tasks.templates import TemplatesConfig, TemplatesTask
@@ -16,5 +17,5 @@ for _module in pkgutil.iter_modules(__path__):  # the task modules register them
     importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["Batch", "CompositeConfig", "CounterfactualPairs", "CompositeTask", "ConfigError", "LegoConfig", "LegoTask",
-           "Task", "TaskConfig", "TemplatesConfig", "TemplatesTask", "logits_at_labels", "make_task", "register_task",
-           "registered_task", "seeded_generator", "task_names"]
+           "Task", "TaskConfig", "TaskContractError", "TemplatesConfig", "TemplatesTask", "logits_at_labels",
+           "make_task", "register_task", "registered_task", "seeded_generator", "task_names"]

@@ -71,7 +71,9 @@ class CounterfactualPairs(NamedTuple):
 class Task(Protocol):
     """What every task offers to models, training and analysis. Adding a task means one file in
     `tasks/` implementing this and registering it (`tasks.registry.register_task`), and one in
-    `interp/tasks/` registering its analysis (`interp.analysis.register_analysis`).
+    `interp/tasks/` registering its analysis (`interp.analysis.register_analysis`). Each member,
+    what reads it and which are optional: `tasks.contract.CONTRACT`, shown in docs/tasks.md ("The
+    Task contract"); a registered task is held to it the first time it is looked up.
 
     Labels: each sample has `len(label_names)` label slots. Slot i is read at position
     `batch.label_pos[:, i]` (the model's logits there, restricted to `d_vocab_out` classes);
@@ -166,4 +168,5 @@ class UnpaddedTask:
         return " ".join(self.token_strings(tokens))
 
     def token_strings(self, tokens: Int[Tensor, " pos"]) -> list[str]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define token_strings(tokens), each token's string "
+                                  f"(docs/tasks.md, 'The Task contract')")

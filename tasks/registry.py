@@ -3,6 +3,12 @@ is imported (`register_task` at its end), and `tasks/__init__.py` imports every 
 package, so a new task is a new file and nothing else here. The config loader (the task section
 of config.json), the trainer and the command line read the registry.
 
+The first time a task is looked up (`registered_task`, so before a config of it is read or a task
+built), it is held to the Task contract (`tasks.contract.check_task`: built from its config's
+defaults, every member called once), and a task that breaks it is refused with a message naming
+the task, the member and the doc section. The check is not run at import, so a broken task does
+not stop the others from working.
+
 A task's analysis (verdict, probes, report sections, default preset) lives in `interp/tasks/`,
 registered the same way there (`interp.analysis.register_analysis`)."""
 
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from tasks.base import ConfigError, Task
+from tasks.contract import check_task
 
 
 @runtime_checkable
@@ -31,6 +38,7 @@ class RegisteredTask:
 
 
 _TASKS: dict[str, RegisteredTask] = {}
+_CHECKED: dict[str, RegisteredTask] = {}  # the tasks that passed the contract check, as they were checked
 
 
 def register_task(name: str, config_cls: type, task_cls: type) -> None:
@@ -55,10 +63,19 @@ def task_names() -> list[str]:
 
 def registered_task(name: object) -> RegisteredTask:
     """The task registered as `name` (any value read from a config: it is checked here);
-    ConfigError naming the known ones where there is none."""
+    ConfigError naming the known ones where there is none, TaskContractError (a ConfigError)
+    where the task breaks the Task contract (checked once, the first time)."""
     if not isinstance(name, str) or name not in _TASKS:
         raise ConfigError(f"task.name={name!r} is unknown; it must be a string, one of {task_names()}")
-    return _TASKS[name]
+    entry = _TASKS[name]
+    if _CHECKED.get(name) != entry:
+        _CHECKED[name] = entry  # first, so that a task built inside its own check is not checked again
+        try:
+            check_task(name, entry.config, entry.task)
+        except BaseException:
+            del _CHECKED[name]
+            raise
+    return entry
 
 
 def make_task(cfg: TaskConfig) -> Task:

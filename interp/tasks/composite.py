@@ -39,7 +39,7 @@ from models.runs import LoadedRun
 from tasks import Batch, CompositeTask, seeded_generator
 from tasks.base import uniform_choice
 
-SEEN_ACCURACY_TO_COUNT = 0.9  # below it a composite cell counts as not learned (PAPERS.md)
+SEEN_ACCURACY_TO_COUNT = 0.9  # below it a composite cell counts as not learned (docs/papers.md, section 2)
 COMPOSITE_SITES = ("key", "anchor1", "anchor2", "last")
 # "intermediate" is g(x; a1) = x + shift(a1), the paper's order; "intermediate_a2" is g(x; a2), what the
 # group's public code computes first (it applies the second anchor first: y = f(f(x, a2), a1))
