@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import interp.tasks  # noqa: F401 (registers each task's presets)
 from models.presets import get_preset
 from models.runs import WEIGHTS
 from models.snapshots import SnapshotKeeper, snapshot_disk_bytes

@@ -20,7 +20,6 @@ from analyses.circuit_cmd import add_circuit_commands
 from tasks import ConfigError
 
 EXIT_UNEXPECTED, EXIT_CONFIG, EXIT_DIVERGED, EXIT_WRITE = 1, 2, 3, 4
-DEFAULT_TASK = "lego"  # what `workbench train` trains with neither --task, --preset nor --config
 _DESCRIPTION = ("Train small transformers on synthetic reasoning tasks and look inside them. "
                 "Exit status: 0 done, 1 unexpected error (traceback saved; --debug prints it), 2 bad configuration "
                 "(nothing written), 3 training diverged, 4 could not write (disk full, permission denied).")
@@ -294,7 +293,7 @@ def _load_tasks() -> list[str]:
 
 
 def _resolve_config(args: argparse.Namespace, preset: str | None, task: str | None):
-    from models.presets import default_preset, get_preset
+    from models.presets import default_preset, get_preset, quick_start_preset
 
     known = _load_tasks()
     if task is not None and task not in known:
@@ -305,7 +304,7 @@ def _resolve_config(args: argparse.Namespace, preset: str | None, task: str | No
             raise ConfigError("--config and --preset both give the configuration; use one")
         cfg = _config_from_file(config_file)
     else:
-        name = preset or default_preset(task or DEFAULT_TASK)
+        name = preset or (default_preset(task) if task else quick_start_preset())
         cfg = get_preset(name)
     if task and cfg.task.name != task:
         source = f"--config {config_file}" if config_file is not None else f"--preset {name}"
@@ -343,7 +342,7 @@ def _train(cfg, out: Path, resume: bool, progress: bool) -> int:
         raise ConfigError(f"out of memory ({str(err).splitlines()[0][:200]}). The run's sizes: train.batch_size="
                           f"{train.batch_size}, train.eval_size={train.eval_size}, train.n_train={train.n_train}, "
                           f"{model_sizes(cfg)}; lower the one that is too large") from None
-    summary = {k: v for k, v in result.final.items() if k not in ("acc_per_pair",)}
+    summary = {k: v for k, v in result.final.items() if not isinstance(v, dict)}  # tables (per pair) are left out
     print(f"trained {result.steps} steps in {result.seconds:.1f} s -> {out}\n{json.dumps(summary)}")
     return 0
 
@@ -371,6 +370,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_curriculum(args: argparse.Namespace) -> int:
     from models.curriculum import CURRICULA, get_curriculum, train_curriculum
 
+    _load_tasks()  # a task's module in interp/tasks/ registers its curricula
     if args.list:
         for c in CURRICULA.values():
             print(f"{c.name}: {c.about}\n  preset {c.preset}, every stage: {' '.join(c.common)}")
@@ -385,8 +385,11 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results = train_curriculum(curriculum, args.out, args.overrides, progress=not args.no_progress)
     for r in results:
-        acc = " ".join(f"{a:.3f}" for a in r.final.get("acc_per_var", []))
-        print(f"{r.name:18s} {r.state:8s} {r.seconds:7.0f} s  step {r.final.get('step')}  acc per variable: {acc}")
+        shown = ""
+        if curriculum.shown:  # what the task's curriculum shows of each stage, e.g. its per-variable accuracy
+            key, words = curriculum.shown
+            shown = f"  {words}: " + " ".join(f"{a:.3f}" for a in r.final.get(key, []))
+        print(f"{r.name:18s} {r.state:8s} {r.seconds:7.0f} s  step {r.final.get('step')}{shown}")
     print(f"curriculum {curriculum.name}: {sum(r.seconds for r in results):.0f} s of training over "
           f"{len(results)} stages ({time.perf_counter() - started:.0f} s in this call) -> {args.out}")
     return 0
@@ -394,10 +397,13 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from analyses.demo import check_demo_folder, demo_learned
+    from models.presets import get_preset, quick_start_preset
     from models.runs import DEMO, LOCK, RUN_FILES, atomic_write_bytes, run_lock
     from models.snapshots import SNAPSHOTS, remove_snapshots
 
-    cfg = _resolve_config(args, "lego-cpu", "lego")
+    _load_tasks()
+    preset = quick_start_preset()
+    cfg = _resolve_config(args, preset, get_preset(preset).task.name)
     started = time.perf_counter()
     check_demo_folder(args.out)
     with run_lock(args.out):  # nobody else writes the folder while the demo empties and retrains it

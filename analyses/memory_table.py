@@ -42,6 +42,7 @@ def _child(preset: str, folder: str, overrides: list[str]) -> None:
     """In the measuring process: train, print {"estimate", "measured"} in bytes."""
     import resource
 
+    import interp.tasks  # noqa: F401 (registers each task's presets)
     from models.memory import estimate_peak
     from models.presets import get_preset
     from models.train import Trainer

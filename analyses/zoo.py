@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+import interp.tasks  # noqa: F401 (registers each task's presets and curricula)
 from models.config import RunConfig
 from models.curriculum import get_curriculum, train_curriculum
 from models.presets import get_preset

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from IPython.display import HTML, display
 
+import interp.tasks  # noqa: F401 (registers each task's presets)
 from interp import plots
 from interp.attention import attention_patterns, classify_heads, mass_on_keys
 from interp.report import figure_html, table_html

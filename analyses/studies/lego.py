@@ -7,7 +7,7 @@ it. Scales:
 
 - tiny: seconds per model; only checks that everything runs.
 - cpu: "bert", "albert" and "albert-sd" are **learned**: plain models (nothing planted or
-  mimicked) trained by the `lego-three-hops` curriculum (models/curriculum.py): one hop with six
+  mimicked) trained by the `lego-three-hops` curriculum (interp/tasks/lego_presets.py): one hop with six
   letters, then #0-#4 of n = 6, then #0-#4 of n = 8 with eight letters, each stage starting from
   the last one's weights; 4 layers, d 64, rotary, compiled bf16 (the tied kinds: the
   `lego-three-hops-albert` curriculum, whose first stage is 6,000 steps). #5-#7 are never
@@ -60,8 +60,9 @@ from interp.tasks.lego import (
     percolation_summary,
     resolved_depths,
 )
+from interp.tasks.lego_presets import LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT
 from models.config import ModelConfig, RunConfig, TrainConfig
-from models.curriculum import LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT, Curriculum, Stage
+from models.curriculum import Curriculum, Stage
 from models.presets import get_preset
 from models.runs import CONFIG, MIMIC, load_run, read_config, read_json, read_metrics, run_state
 from tasks import ConfigError, LegoConfig, make_task, seeded_generator
@@ -79,7 +80,7 @@ TINY_CURRICULUM = Curriculum(
             "train.warmup_steps=2", "train.eval_every=4", "train.eval_size=64", "train.checkpoint_every=8"),
     stages=(Stage("1", ("task.n_vars=4", "task.n_supervised=2", "train.steps=8")),
             Stage("2", ("task.n_vars=5", "task.n_supervised=3", "train.steps=8"))),
-    about="smoke test of the study's curriculum path")
+    about="smoke test of the study's curriculum path", shown=("acc_per_var", "acc per variable"))
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ from interp.probes import ProbeSet, layer_names, probe_grid, rounded
 from interp.report import figure_html, table_html
 from interp.report_format import or_never, rate
 from interp.tasks.lego_heads import lego_share_probe
-from models.presets import lego_cpu, register_preset
 from models.runs import LoadedRun
 from tasks import Batch, LegoTask, logits_at_labels, seeded_generator
 from tasks.lego import PAD
@@ -625,4 +624,3 @@ register_analysis("lego", TaskAnalysis(
     _lego_curves, "Solid: supervised variables; dashed: not supervised (extrapolation).", _lego_circuit_findings,
     planted_note=PLANTED_NOTE, verdict_label=lego_verdict_label, timeline_panels=lego_timeline_panels,
     summary=lego_summary, verdict_rates=lego_verdict_rates, share_probe=lego_share_probe))
-register_preset("lego-cpu", lego_cpu, default_for="lego")
