@@ -24,8 +24,8 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from analyses.study import Scales, Study, StudyContext, how_it_ended, run_folders
-from analyses.sweep import CellResult, grid_cells, grid_points
+from analyses.runners.study import Scales, Study, StudyContext, how_it_ended, run_folders
+from analyses.runners.sweep import CellResult, grid_cells, grid_points
 from interp.analysis import predictions
 from interp.complexity import embedding_spectrum, leading_share, query_condensation
 from interp.patching import logit_diff_metric, patch_residual

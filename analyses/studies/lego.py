@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from analyses.study import Cell, Scales, Study, StudyContext
-from analyses.sweep import CellResult
+from analyses.runners.study import Cell, Scales, Study, StudyContext
+from analyses.runners.sweep import CellResult
 from interp import plots
 from interp.analysis import counterfactual_pairs
 from interp.attention import classify_heads

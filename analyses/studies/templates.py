@@ -31,7 +31,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import torch
 
-from analyses.study import Cell, Scales, Study, StudyContext, how_it_ended, run_folders
+from analyses.runners.study import Cell, Scales, Study, StudyContext, how_it_ended, run_folders
 from interp.attention import classify_heads
 from interp.patching import activation_patch, logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html

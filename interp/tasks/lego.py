@@ -5,7 +5,7 @@ report's sections and curves, and `lego-cpu` as the task's default preset. Regis
 `interp.analysis.register_analysis` at the end of the file. Also what the LEGO studies
 (analyses/studies/lego.py) read from one model: whether it extrapolates, how its last variable
 is computed (the shortcut), and their figures and tables; and why a model sits on the #2
-plateau (analyses/plateau.py): the hop's attention and the loss's pull toward it.
+plateau (analyses/research/plateau.py): the hop's attention and the loss's pull toward it.
 
 Shape glossary: layer = residual streams (interp.probes), depth = LEGO chain index, label = one
 slot per variable in chain order.
@@ -339,7 +339,7 @@ def last_variable_evidence_html(evidence: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The #2 plateau (analyses/plateau.py): does the loss pull any head toward the hop?
+# The #2 plateau (analyses/research/plateau.py): does the loss pull any head toward the hop?
 #
 # Variable #k (k >= 2) needs one association hop per step back along the chain: from the clause of
 # #k, attend to the clause of its parent #k-1, whose left-hand token is the same letter as #k's

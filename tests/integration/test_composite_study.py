@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from analyses.runners.study import run_study
 from analyses.studies.composite import SCALES, aggregate_phase
-from analyses.study import run_study
 from tests.helpers import held_out_rates_by_hand
 
 
@@ -198,8 +198,8 @@ def test_measure_reads_a_sweeps_cells_like_the_phase_study(tmp_path, capsys):
     measure (composite_verdict on fresh test-key sequences), not the run's last evaluation."""
     import json
 
+    from analyses.runners.sweep import run_sweep
     from analyses.studies.composite import main
-    from analyses.sweep import run_sweep
     from interp.tasks.composite import composite_verdict
     from models.runs import load_run
     from tests.helpers import tiny_composite_run

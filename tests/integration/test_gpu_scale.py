@@ -8,9 +8,9 @@ import json
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
+from analyses.runners.study import SCALES, StudyContext, all_studies, cell_names, run_study
+from analyses.runners.sweep import grid_cells
 from analyses.studies import composite, lego, templates
-from analyses.study import SCALES, StudyContext, all_studies, cell_names, run_study
-from analyses.sweep import grid_cells
 from models.config import RunConfig
 from models.factory import build_model
 from models.presets import get_preset

@@ -43,7 +43,7 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-import analyses.sweep
+import analyses.runners.sweep
 import interp.analysis
 import models.curriculum
 import models.runs
@@ -483,7 +483,7 @@ def read_only(folder: Path, monkeypatch):
         yield
 
 
-WRITERS = (models.runs, interp.analysis, analyses.sweep)  # the trainer writes through models.runs
+WRITERS = (models.runs, interp.analysis, analyses.runners.sweep)  # the trainer writes through models.runs
 
 
 def fail_writes(monkeypatch, function: str, target: Path, code: int) -> None:

@@ -23,7 +23,7 @@ run folders (their circuit is found as circuit-export finds it), folders written
 circuit-export, or MIB circuit files (.json). Nothing is written unless --out is given."""
 
 
-def add_circuit_commands(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     """The two subcommands, added to the `workbench` parser's subparsers."""
     export = sub.add_parser("circuit-export", help="write a run's circuit as MIB circuit files (circuit.json, one "
                             "per MIB edge budget)", description=_EXPORT_HELP)

@@ -36,7 +36,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import interp.tasks  # noqa: F401 (registers each task's presets)
-from analyses.bench_patching import best_times
+from analyses.bench.patching import best_times
 from models.factory import build_model, forward
 from models.presets import get_preset
 from models.train import (
@@ -50,6 +50,8 @@ from models.train import (
 from tasks import Batch, CompositeConfig, ConfigError, LegoConfig, make_task, seeded_generator
 
 CPU = torch.device("cpu")
+
+DEVICE_PRESET = "lego-gpu"  # the shape `workbench benchmark --device` times
 
 
 def synchronize(device: torch.device) -> None:
@@ -241,7 +243,7 @@ def data_and_step_times(cfg, batch_size: int, device: torch.device, repeats: int
 def patching_times(cfg, device: torch.device, n_pairs: int, repeats: int) -> dict[str, float]:
     """One exact head-by-position patching sweep, ours and TransformerLens's, on a fresh model of
     `cfg` on `device` (speed does not depend on training), with their largest difference."""
-    from analyses.bench_patching import transformer_lens_by_pos, unaligned_pairs
+    from analyses.bench.patching import transformer_lens_by_pos, unaligned_pairs
     from interp.patching import logit_diff_metric, patch_head_out_by_pos
 
     task = make_task(cfg.task)
@@ -302,7 +304,7 @@ def run_device_benchmark(device: torch.device, quick: bool = False) -> dict[str,
     """The lego-gpu shape (d 256, 8 layers, n = 12) on `device`, every number side by side from
     this one run. On the CPU the batch is cut (a batch-512 step is over ten seconds there) and
     so is the patching model's depth, so that the CPU run takes a few minutes."""
-    cfg = get_preset("lego-gpu")
+    cfg = get_preset(DEVICE_PRESET)
     cuda = device.type == "cuda"
     batch_size = cfg.train.batch_size if cuda else (8 if quick else 32)
     repeats, n_pairs = (3, 8) if quick else (10, 32)

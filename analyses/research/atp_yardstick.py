@@ -2,7 +2,7 @@
 patching in an estimate's order, how much of the exact sweep is needed before all of exact's
 top-k cells (by |effect|) are verified. Across trained runs, side by side per estimate.
 
-    python -m analyses.atp_yardstick RUN_DIR [RUN_DIR ...] [--n-pairs 64] [--k 3] [--ig-steps 4]
+    python -m analyses.research.atp_yardstick RUN_DIR [RUN_DIR ...] [--n-pairs 64] [--k 3] [--ig-steps 4]
 
 Per run, the pairs and the label slot are the ones `workbench analyze` uses (aligned pairs; the
 deepest supervised slot the model fits). Cells and estimates:

@@ -1,7 +1,7 @@
 """Which cheap estimate of head-output patching agrees with exact patching, across trained runs:
 the evidence behind "attribution is a screen" (analyses/RESULTS.md, issue 3).
 
-    python -m analyses.attribution_variants RUN_DIR [RUN_DIR ...] [--slots 0,1,2] [--n-pairs 32]
+    python -m analyses.research.attribution_variants RUN_DIR [RUN_DIR ...] [--slots 0,1,2] [--n-pairs 32]
 
 For each run and label slot, the Spearman correlation with exact patching (clean -> corrupted,
 the benchmark's pairs) of four estimates, by position (layer x pos x head) / per head (layer x
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from analyses.bench_patching import attribution_agreement, exact_head_patching, unaligned_pairs
+from analyses.bench.patching import attribution_agreement, exact_head_patching, unaligned_pairs
 from interp.patching import logit_diff_metric
 from models.runs import load_run
 

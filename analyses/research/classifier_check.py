@@ -1,6 +1,6 @@
 """Do the head labels agree with exact patching on learned LEGO models? Before and after issue 41.
 
-    python -m analyses.classifier_check RUN_DIR[@STEP] [RUN_DIR[@STEP] ...] [--n-pairs 64]
+    python -m analyses.research.classifier_check RUN_DIR[@STEP] [RUN_DIR[@STEP] ...] [--n-pairs 64]
 
 RUN_DIR@STEP reads the run's snapshot of that step (`models.snapshots`) instead of its last weights.
 For each model, every head's *hop share* (`interp.tasks.lego_heads.hop_probe`: exact head patching

@@ -1,4 +1,4 @@
-"""`python -m analyses.plateau RUN_DIR [RUN_DIR ...]`: the hop's attention and gradient pull in a
+"""`python -m analyses.research.plateau RUN_DIR [RUN_DIR ...]`: the hop's attention and gradient pull in a
 LEGO run (interp/tasks/lego.py), on uniform test sentences and on biased (mixed-input) ones, side by
 side. Prints, per variable that needs a hop and kind of data, the head with the largest pull and
 the head that puts the most attention on the parent clause.

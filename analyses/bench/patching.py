@@ -2,7 +2,7 @@
 against exact, measured side by side in one process (ratios carry the message, not absolute
 times on a shared machine).
 
-    python -m analyses.bench_patching RUN_DIR [--n-pairs 32] [--seed 0] [--repeats 3] [--ig-steps 2,4]
+    python -m analyses.bench.patching RUN_DIR [--n-pairs 32] [--seed 0] [--repeats 3] [--ig-steps 2,4]
 
 Reports, on the same counterfactual pairs (the task's `corrupt()`, logit difference at one
 label slot): the time of `patch_head_out_by_pos` vs `transformer_lens.patching.
@@ -19,7 +19,7 @@ to its clean output (`blend_curve`), with downstream MLPs or attention patterns 
 Attribution extrapolates the slope at the corrupted end of that line. With --ig-steps, the
 same speed-up and correlations for integrated gradients (`steps=K`), which averages the slope
 over K points of the line between the two inputs' embeddings. Last, AtP*'s yardstick side by
-side (interp.atp, as `python -m analyses.atp_yardstick` computes it over many runs): for head
+side (interp.atp, as `python -m analyses.research.atp_yardstick` computes it over many runs): for head
 outputs, queries and keys, by position and per head, the verified fraction, Spearman and time of
 plain attribution, GradDrop, integrated gradients (the largest of --ig-steps, else 4 steps) and,
 for queries and keys, the QK fix alone and with GradDrop.
