@@ -13,7 +13,7 @@
 #
 # Same-different strings are two symbols, `a a -> 1` or `a b -> 0`. The model trains on symbols
 # from one alphabet (`x0 ... x{n-1}`) and is tested on a disjoint one (`z*`), so the test
-# measures reasoning with abstract symbols, not memorised pairs. The template paper (PAPERS.md
+# measures reasoning with abstract symbols, not memorised pairs. The template paper (docs/papers.md,
 # section 3) finds that a plain transformer needs a large training alphabet for this, and that
 # *identity-augmented attention* cuts the data needed by about an order of magnitude: per head
 # two trainable scalars a_h, b_h (from 0) add `a_h * X X^T` to the attention scores (attend to

@@ -1,4 +1,4 @@
-"""Template-task studies (PAPERS.md section 3): can a transformer reason with symbols it never saw
+"""Template-task studies (docs/papers.md, section 3): can a transformer reason with symbols it never saw
 in training, how many training symbols does it need, and does identity-augmented attention
 (a_h X X^T in the scores, b_h A_h X in the output) cut that number?
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from analyses.cli import main
-from analyses.studies.lego import TINY_CURRICULUM
+from analyses.studies.lego_pool import TINY_CURRICULUM
 from interp.tasks.lego_presets import LEGO_THREE_HOPS
 from models.curriculum import train_curriculum
 from models.runs import RunFolderError, read_config, read_metrics, read_tensors, weights_digest

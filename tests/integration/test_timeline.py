@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from analyses.cli import main
 from analyses.runners.sweep import run_cells
-from analyses.studies.lego import TINY_CURRICULUM
+from analyses.studies.lego_pool import TINY_CURRICULUM
 from models.curriculum import train_curriculum
 from models.runs import ERROR_LOG, REPORT, TIMELINE, load_run, verified_weights
 from models.snapshots import INDEX, SNAPSHOTS, read_index, read_snapshot, scheduled_steps
