@@ -102,8 +102,8 @@ ENTRIES = [
               "train.checkpoint_every=500", "train.eval_size=1000"),
              "no planted heads, no mimicking: variables named from six letters, 10,000 steps (about 50 minutes "
              "on one thread): a learned, partial hop. #2 = 0.68, right whenever the parent is the letter d "
-             "(the hop learned for one letter of six; python -m analyses.research.plateau --breakdown). Seed 0; seed 1 of "
-             "the same recipe learns no letter"),
+             "(the hop learned for one letter of six; python -m analyses.research.plateau --breakdown). Seed 0; seed "
+             "1 of the same recipe learns no letter"),
     ZooEntry("lego-association", "lego-cpu",
              ("model.planted={}", "task.n_letters=6", "train.batch_size=512", "train.steps=2500",
               "train.eval_every=250", "train.checkpoint_every=250", "train.eval_size=1000", "train.seed=1"),
@@ -133,12 +133,13 @@ ENTRIES = [
              "n = 8 with eight letters (seed 1; the last stage of the cpu-scale lego-extrapolation study's "
              "albert-s1, compiled bf16, so a rebuild is close to, not bit-equal to, these weights)",
              curriculum="lego-three-hops-albert"),
-    *(ZooEntry(f"lego12-{arch}-s{seed}", "lego-cpu", ("model.n_layers=12", "train.precision=fp32", f"train.seed={seed}"),
+    *(ZooEntry(f"lego12-{arch}-s{seed}", "lego-cpu", ("model.n_layers=12", "train.precision=fp32",
+                                                      f"train.seed={seed}"),
                f"{'ALBERT (one block shared by all 12 layers)' if arch == 'albert' else 'BERT'}, 12 layers for 12 "
                f"variables, #0-#5 supervised (the LEGO paper's shape at d_model 64), seed {seed}: nothing planted or "
                f"mimicked; the {curriculum} curriculum's four stages, each warm-started from the one before. Trained "
-               f"on a GPU (`bash analyses/gpu/zoo.sh`: the four side by side took 12 minutes on one H100; a CPU build takes hours); "
-               f"kept in float16 where fp32 would pass 2 MB",
+               "on a GPU (`bash analyses/gpu/zoo.sh`: the four side by side took 12 minutes on one H100; a CPU build "
+               f"takes hours); kept in float16 where fp32 would pass 2 MB",
                curriculum=curriculum)
       for arch, curriculum in (("bert", "lego-n12"), ("albert", "lego-n12-albert")) for seed in (0, 1)),
     *(ZooEntry(f"composite-matched-{kind}", "composite-matched",
@@ -259,7 +260,8 @@ def _link_reports(planted: Path, learned: Path) -> None:
     notes = {planted: (learned, "This model's association heads are planted. For heads that were learned, with nothing "
                                 "planted or mimicked, see"),
              learned: (planted, f"A copy of zoo/{DEMO_LEARNED}: a plain model taught three association hops by the "
-                                "lego-three-hops curriculum. For the demo's model, whose association heads are planted, see")}
+                                "lego-three-hops curriculum. For the demo's model, whose association heads are "
+                                "planted, see")}
     for run_dir, (other, words) in notes.items():
         with run_lock(run_dir):
             report = build_run_report(load_run(run_dir))

@@ -82,7 +82,8 @@ def generation_rate(task_cfg, n: int, repeats: int) -> float:
     return n / best_time(lambda: task.sample(n, gen), repeats)
 
 
-def matmul_peak(size: int = 1024, repeats: int = 20, device: torch.device = CPU, dtype: torch.dtype = torch.float32) -> float:
+def matmul_peak(size: int = 1024, repeats: int = 20, device: torch.device = CPU,
+                dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of a square matmul of `dtype` on `device`, now."""
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     a @ b  # warm-up
@@ -277,7 +278,8 @@ def fractions_of_peak(cfg, batch_size: int, device: torch.device, rates: dict[st
     keys = {name: f"steps_per_s_{mode_key(name, batch_size)}" for name in TRAINING_MODES}
     steps_per_s = {name: rates[key] for name, key in keys.items() if key in rates}
     best = max(steps_per_s, key=steps_per_s.get)
-    results = {f"fraction_of_peak_{mode_key(name, batch_size)}": rate * flops / peak for name, rate in steps_per_s.items()}
+    results = {f"fraction_of_peak_{mode_key(name, batch_size)}": rate * flops / peak
+               for name, rate in steps_per_s.items()}
     results.update(train_flops_per_step=flops, train_steps_per_s=steps_per_s[best],
                    train_tokens_per_s=steps_per_s[best] * tokens, fraction_of_peak=steps_per_s[best] * flops / peak)
     cells = ", ".join(f"{name} {rate * flops / peak:.1%}" for name, rate in steps_per_s.items())

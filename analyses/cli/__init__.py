@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"system allows ({NAME_MAX} bytes a name); choose shorter names", file=sys.stderr)
             return EXIT_CONFIG
         if isinstance(err, OSError) and err.errno in (errno.EISDIR, errno.ENOTDIR):
-            print(f"workbench {args.command}: configuration error: {err.filename2 or err.filename} is a folder where a file belongs "
-                  f"(or the other way round); move it away", file=sys.stderr)
+            print(f"workbench {args.command}: configuration error: {err.filename2 or err.filename} is a folder where "
+                  f"a file belongs (or the other way round); move it away", file=sys.stderr)
             return EXIT_CONFIG
         if is_write_failure(err):
             where = getattr(err, "filename", None) or "a file of the run"

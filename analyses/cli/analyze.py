@@ -1,4 +1,5 @@
-"""`workbench analyze`: look inside a trained run (heads, patching, probes, verdict), at its end or, with --timeline, at every snapshot."""
+"""`workbench analyze`: look inside a trained run (heads, patching, probes, verdict), at its end
+or, with --timeline, at every snapshot."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--bootstrap {bootstrap}: give 2 or more resamples, and not with --timeline")
     if getattr(args, "timeline", False):
         return _analyze_timeline(args, device)
-    with run_lock(args.run_dir):  # a folder in training is refused, naming the trainer; nothing it writes is overwritten
+    # a folder in training is refused, naming the trainer; nothing it writes is overwritten
+    with run_lock(args.run_dir):
         run = load_run(args.run_dir, device=device)
         analysis = analyze_run(run, n_samples=args.samples, seed=args.seed, device=device, bootstrap=bootstrap)
         json_path = write_analysis(run, analysis)

@@ -1,4 +1,5 @@
-"""`workbench benchmark`: task generation rate, training throughput and FLOP/s, or (one option each) patching, a device, snapshots; the measurements are in analyses/bench/."""
+"""`workbench benchmark`: task generation rate, training throughput and FLOP/s, or (one option
+each) patching, a device, snapshots; the measurements themselves are in analyses/bench/."""
 
 from __future__ import annotations
 

@@ -75,8 +75,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     meta = files["circuit.json"]["meta"]
     size = (args.out / "circuit.json").stat().st_size
     print(f"{args.run_dir}: {meta['heads_in_graph']} heads and {meta['scored_edges_in_graph']} scored edges in the "
-          f"circuit (faithfulness {meta['faithfulness']}); MIB graph of {meta['nodes']} nodes and {meta['edges']} edges "
-          f"({meta['unscored_edges']} unscored: from the input or MLPs, or into MLPs)")
+          f"circuit (faithfulness {meta['faithfulness']}); MIB graph of {meta['nodes']} nodes and {meta['edges']} "
+          f"edges ({meta['unscored_edges']} unscored: from the input or MLPs, or into MLPs)")
     budgets = f"{len(files) - 1} edge-budget files" if len(files) > 1 else "no edge-budget files (no edge scores)"
     print(f"wrote {args.out / 'circuit.json'} ({size / 1024:.1f} KiB) and {budgets} in {args.out}")
     return 0
@@ -90,8 +90,8 @@ def _circuit_of(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         return _measured_files(path, args)["circuit.json"]
     target = path / "circuit.json" if path.is_dir() else path
     if not target.is_file():
-        raise ConfigError(f"{path} is neither a run folder with model.safetensors, a circuit-export folder (circuit.json) "
-                          f"nor a MIB circuit file")
+        raise ConfigError(f"{path} is neither a run folder with model.safetensors, a circuit-export folder "
+                          f"(circuit.json) nor a MIB circuit file")
     try:
         return read_mib(target)
     except ValueError as err:

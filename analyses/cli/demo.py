@@ -61,12 +61,13 @@ def check_demo_folder(out: Path) -> None:
         folder = RunFolder(out, named_by="--out")
         folder.check_usable()
         if folder.holds_run():
-            raise ConfigError(f"--out {out} holds a run that is not a demo run (no {DEMO} recording its config); the demo "
-                              f"replaces only its own runs: choose another folder, or delete that run yourself")
+            raise ConfigError(f"--out {out} holds a run that is not a demo run (no {DEMO} recording its config); the "
+                              f"demo replaces only its own runs: choose another folder, or delete that run yourself")
         return
     others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not is_own_temp(p.name))
     if others:
-        raise ConfigError(f"--out {out} holds files that are not a run's ({', '.join(others[:5])}); choose a new or empty folder")
+        raise ConfigError(f"--out {out} holds files that are not a run's ({', '.join(others[:5])}); choose a new or "
+                          "empty folder")
 
 
 def _is_demo_run(out: Path) -> bool:

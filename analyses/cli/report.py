@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         return _report_sweep(args.run_dir)
     if not (args.run_dir / CONFIG).exists() and not (args.run_dir / CONFIG).is_symlink():
         raise ConfigError(f"{args.run_dir} is neither a run folder (it has no config.json) nor a sweep folder (no "
-                          f"sweep.json or sweep_plan.json); give a folder written by `workbench train` or `workbench sweep`")
+                          "sweep.json or sweep_plan.json); give a folder written by `workbench train` or "
+                          "`workbench sweep`")
     with run_lock(args.run_dir):  # a folder in training is refused, naming the trainer
         path = write_run_report(load_run(args.run_dir))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
@@ -47,7 +48,8 @@ def _report_sweep(folder: Path) -> int:
     print(f"wrote {html_path} and {json_path} ({len(page['cells'])} cells: {counts})")
     if page["damaged"]:
         first = page["damaged"][0]
-        more = f" (and {len(page['damaged']) - 1} more damaged cell(s), listed on the page)" if len(page["damaged"]) > 1 else ""
+        more = (f" (and {len(page['damaged']) - 1} more damaged cell(s), listed on the page)"
+                if len(page["damaged"]) > 1 else "")
         print(f"workbench report: configuration error: cell {first['cell']} is damaged: {first['error']}{more}",
               file=sys.stderr)
         return EXIT_CONFIG

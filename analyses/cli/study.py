@@ -32,8 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="composite-mechanism: the two init rates to contrast (default: the scale's; the paper's "
                             "pair is 0.5,0.8)")
     study.add_argument("--protocol", help="composite studies: fast (default: lr 1e-3, biases, GELU, <= 3,000 steps) or "
-                                          "matched (the composite-matched preset, the cpu protocol nearest the paper's: "
-                                          "lr 1e-4, bias-free ReLU, up to 30,000 steps; hours per study, see "
+                                          "matched (the composite-matched preset, the cpu protocol nearest the "
+                                          "paper's: lr 1e-4, bias-free ReLU, up to 30,000 steps; hours per study, see "
                                           "docs/sweeps.md); default folder runs/studies/<name>-<scale>-matched")
     study.add_argument("--no-progress", action="store_true", help="no progress bars")
     study.set_defaults(run=run)

@@ -56,14 +56,16 @@ def run(args: argparse.Namespace) -> int:
         _check_cells_memory(cells, min(len(cells), args.workers or machine_cores()))
     if args.address:
         check_ray_address(args.address)  # so is the cluster's address (within seconds)
-    with run_lock(args.out):  # one sweep per folder: a second one exits 2 at once, naming the first, and changes nothing
+    # one sweep per folder: a second one exits 2 at once, naming the first, and changes nothing
+    with run_lock(args.out):
         index = run_sweep(base, grid, args.out, preset=args.preset, workers=args.workers,
                           backend=args.backend, address=args.address, progress=not args.no_progress)
     print(f"sweep of {len(index['cells'])} cells: {json.dumps(index['counts'])} in {index['wall_seconds']:.0f} s; "
           f"see {args.out / 'sweep.json'} and {args.out / 'report.html'}")
     for name, cell in index["cells"].items():
         if cell.get("status") == "failed":
-            print(f"workbench sweep: cell {name} failed: {((cell.get('error') or '').strip().splitlines() or [''])[-1]}",
+            print(f"workbench sweep: cell {name} failed: "
+                  f"{((cell.get('error') or '').strip().splitlines() or [''])[-1]}",
                   file=sys.stderr)
     if any(cell.get("refused") for cell in index["cells"].values()):
         return EXIT_CONFIG  # a damaged cell folder: running the sweep again cannot fix it

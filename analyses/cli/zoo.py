@@ -40,5 +40,6 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         started = time.perf_counter()
         print(f"zoo: building {name} ({zoo_entry(name).about})")
-        print(f"zoo: {build(name, zoo_dir, progress=not args.no_progress, device=args.device)} in {time.perf_counter() - started:.0f} s")
+        print(f"zoo: {build(name, zoo_dir, progress=not args.no_progress, device=args.device)} in "
+              f"{time.perf_counter() - started:.0f} s")
     return 0

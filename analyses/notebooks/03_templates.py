@@ -87,7 +87,8 @@ runs = {name: train_or_load(S["config"].with_overrides([f"model.identity_attenti
 task = runs["plain"].task  # both runs share the task: same alphabets, same token ids
 print(f"training alphabet x0..x{N_TRAIN - 1}; test alphabet z0..z{task.cfg.n_test_symbols - 1} (never trained on)")
 for name, run in runs.items():
-    print(f"{name}: {run.path} ({run.config.train.steps} steps, identity_attention={run.config.model.identity_attention})")
+    print(f"{name}: {run.path} ({run.config.train.steps} steps, "
+          f"identity_attention={run.config.model.identity_attention})")
 
 # %% [markdown]
 # ## Training curves
@@ -169,7 +170,8 @@ for name, run in runs.items():
                                                                             heads[name].labels),
                                                   "Head scores on unseen symbols; * marks each head's label.")))
 n_layers, n_heads = contrast["plain"][0].shape
-rows = [[f"L{layer}H{head}", *[v for name in runs for v in (round(heads[name].score("association")[layer, head].item(), 3),
+rows = [[f"L{layer}H{head}", *[v for name in runs for v in (round(heads[name].score("association")[layer, head].item(),
+                                                                  3),
                                                              round(contrast[name][0][layer, head].item(), 3),
                                                              round(contrast[name][1][layer, head].item(), 3))]]
         for layer in range(n_layers) for head in range(n_heads)]
@@ -205,4 +207,5 @@ for term in ("identity_a", "identity_b"):
 display(HTML(table_html([[setting, *[s[c] for c in columns]] for setting, s in ablated.items()],
                         ["augmented model, unseen symbols", *columns])))
 for name in runs:
-    print(f"{name}: test loss {scores[(name, 'test')]['loss']}, accuracy {scores[(name, 'test')]['acc']} on unseen symbols")
+    print(f"{name}: test loss {scores[(name, 'test')]['loss']}, accuracy {scores[(name, 'test')]['acc']} on unseen "
+          "symbols")

@@ -50,7 +50,8 @@ def check_ray_address(address: str) -> str:
     try:
         socket.create_connection((host, int(port)), timeout=PROBE_S).close()
     except (OSError, OverflowError) as err:
-        raise ConfigError(f"--address {address}: nothing answers at {host}:{port} ({getattr(err, 'strerror', None) or err}); "
+        raise ConfigError(f"--address {address}: nothing answers at {host}:{port} "
+                          f"({getattr(err, 'strerror', None) or err}); "
                           f"start a cluster with `ray start --head` and pass the address it prints") from None
     _check_speaks_grpc(address, host, port)
     _check_token_accepted(address, host, port)

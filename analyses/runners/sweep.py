@@ -89,7 +89,8 @@ def _train_locked_cell(name: str, cfg: RunConfig, path: Path) -> CellResult:
 
     try:  # a cell folder with a damaged config or metrics is recorded as failed, naming the file
         if (path / CONFIG).exists() and not same_recipe(read_config(path), cfg):
-            return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away", refused=True)
+            return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away",
+                              refused=True)
         state = run_state(path, cfg)
         if state in ("done", "diverged"):
             metrics = read_metrics(path)
@@ -182,14 +183,16 @@ def _pool_round(jobs: dict[str, tuple[dict, str]], workers: int, record: Callabl
                 cell_fn: CellFn) -> list[str]:
     """Run the jobs in one pool; return the names of those lost to a broken pool."""
     threads = threads_per_worker(workers)
-    context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
     lost: list[str] = []
     # every worker dies with this process, however it ends (analyses/runners/lifeline.py)
     pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)) or 1, mp_context=context,
                                initializer=die_with, initargs=(os.getpid(),))
     try:
         with _stop_signals_raise():
-            futures = {pool.submit(_call_with_threads, cell_fn, threads, name, *job): name for name, job in jobs.items()}
+            futures = {pool.submit(_call_with_threads, cell_fn, threads, name,
+                                   *job): name for name, job in jobs.items()}
             pending = set(futures)
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -322,8 +325,8 @@ def check_cell_folder(root: Path, name: str) -> Path:
     system takes; ConfigError (exit 2) naming the cell otherwise. Every cell folder is made here."""
     size = len(os.fsencode(name))
     if size > NAME_MAX:
-        raise ConfigError(f"cell {name[:40]}... would be a folder name of {size} bytes, more than the file system takes "
-                          f"({NAME_MAX}); use shorter grid values")
+        raise ConfigError(f"cell {name[:40]}... would be a folder name of {size} bytes, more than the file system "
+                          f"takes ({NAME_MAX}); use shorter grid values")
     if name in ("", ".", "..") or Path(name).name != name or os.sep in name or "\0" in name:
         raise ConfigError(f"cell name {name!r} is not one folder name inside {root}; it would be written elsewhere")
     return root / name

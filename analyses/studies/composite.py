@@ -81,7 +81,8 @@ def aggregate_phase(points: dict[str, dict[str, Any]], measured: dict[str, dict[
             "best_inferential": round(sum(b["held_out_inferential"] for b in bests) / len(bests), 4),
             "best_symmetric": round(sum(b["held_out_symmetric"] for b in bests) / len(bests), 4),
             "init_std": None if d_model is None else round(d_model ** -gamma, 5),
-            "verdict": classify_composite(mean["seen_accuracy"], mean["held_out_inferential"], mean["held_out_symmetric"]),
+            "verdict": classify_composite(mean["seen_accuracy"], mean["held_out_inferential"],
+                                          mean["held_out_symmetric"]),
             "seed_verdicts": [r["verdict"] for r in rows],
         }
     return table
@@ -132,7 +133,8 @@ def sweep_cell_rows(index: dict[str, Any], sweep_dir: Path, n: int = SCALES["cpu
         step, budget = run.weights.step if run.weights else last.get("step"), run.config.train.steps
         rows[name] = {**cell["point"], "init_std": None if gamma is None else round(width ** -gamma, 5),
                       "steps": step, "of_steps": budget, "stopped": how_it_ended(last, step, budget),
-                      **{k: verdict[k] for k in ("verdict", "seen_accuracy", "held_out_inferential", "held_out_symmetric",
+                      **{k: verdict[k] for k in ("verdict", "seen_accuracy", "held_out_inferential",
+                                                 "held_out_symmetric",
                                                  "held_out_by_key_position")},
                       **held_out_on_training_keys(run.model, run.task, n=n),
                       "held_out_other_answers": held_out_other_answers(run.model, run.task, n=n)}
@@ -193,8 +195,8 @@ def run_phase(ctx: StudyContext) -> dict[str, Any]:
     sections = [("Phase diagram", figure_html(phase_figure(table), "I inferential, S symmetric, M mixed, U unlearned "
                                                                   "(seen accuracy < 0.9); values are means over seeds")
                + table_html([[c["gamma"], c["init_std"], c["depth"], c["verdict"], " ".join(c["seed_verdicts"]),
-                              c["seen_accuracy"], c["held_out_inferential"], c["held_out_symmetric"], c["best_inferential"],
-                              c["best_symmetric"]] for c in table.values()],
+                              c["seen_accuracy"], c["held_out_inferential"], c["held_out_symmetric"],
+                              c["best_inferential"], c["best_symmetric"]] for c in table.values()],
                             ["gamma", "init std", "depth", "verdict", "per seed", "seen acc", "(4,3) x-10", "(4,3) x-6",
                              "best x-10 over lr", "best x-6 over lr"])),
                 ("Every run: vectors and complexity", table_html(
@@ -231,7 +233,8 @@ def run_lr_wd(ctx: StudyContext) -> dict[str, Any]:
              m.get("embedding_top1")] for n, m in measured.items()]
     sections = [("Cells", table_html(rows, ["lr", "weight decay", "seed", "verdict", "seen", "(4,3) x-10", "(4,3) x-6",
                                             "cos same target", "W_Q aligned share", "emb top-1"]))]
-    headline = {n: {"verdict": m.get("verdict"), "x-10": m.get("held_out_inferential"), "x-6": m.get("held_out_symmetric")}
+    headline = {n: {"verdict": m.get("verdict"), "x-10": m.get("held_out_inferential"),
+                    "x-6": m.get("held_out_symmetric")}
                 for n, m in measured.items()}
     return ctx.finish(f"composite-lr-wd ({ctx.scale}): learning rate x weight decay, depth 2, gamma 0.5", sections, {
         "headline": headline, "cells": measured, "grid": grid, "base": base.to_dict(),
@@ -260,14 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--measure", action="store_true",
-                        help="measure every finished cell on fresh test-key sequences (--n per pair type), as the phase "
-                             "study does, instead of reading its last evaluation")
+                        help="measure every finished cell on fresh test-key sequences (--n per pair type), as the "
+                             "phase study does, instead of reading its last evaluation")
     parser.add_argument("--n", type=int, default=None,
-                        help=f"with --measure or --cells: sequences per pair type (default {SCALES['cpu'].eval_samples:,}, "
+                        help="with --measure or --cells: sequences per pair type (default "
+                             f"{SCALES['cpu'].eval_samples:,}, "
                              f"the cpu scale's; gpu {SCALES['gpu'].eval_samples:,}); with --mechanism, sequences per "
                              "measure (default 256)")
     parser.add_argument("--cells", action="store_true",
-                        help="one line per finished cell instead of the phase protocol's (gamma, depth) table: its grid "
+                        help="one line per finished cell instead of the phase protocol's (gamma, depth) table: its "
+                             "grid "
                              "point, steps trained, why it stopped, and the verdict on fresh test-key and training-key "
                              "sequences (--n per pair type); SWEEP_DIR may also be a plain folder of run folders")
     parser.add_argument("--mechanism", action="store_true",
@@ -275,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                              "pair ends the sequence) instead of the verdict: held-out answers, attention flow, "
                              "residual patching")
     parser.add_argument("--complexity", action="store_true",
-                        help="with --cells: per cell, the verdict with the vectors and complexity measures of the phase "
-                             "study's report (last-token cosines for equal and other targets, first-layer W_Q "
+                        help="with --cells: per cell, the verdict with the vectors and complexity measures of the "
+                             "phase study's report (last-token cosines for equal and other targets, first-layer W_Q "
                              "condensation, the value embeddings' leading eigenvalue shares)")
     args = parser.parse_args(argv)
     if args.mechanism and not args.cells:

@@ -77,7 +77,8 @@ def _matched_cpu_base() -> RunConfig:
 
 SCALES = Scales(
     CompositeScale,
-    tiny=CompositeScale(_tiny_base, phase_grid={"train.seed": [0], "model.init_gamma": [0.3, 0.9], "model.n_layers": [1]},
+    tiny=CompositeScale(_tiny_base, phase_grid={"train.seed": [0], "model.init_gamma": [0.3, 0.9],
+                                                "model.n_layers": [1]},
                         contrast_gammas=(0.3, 0.9),
                         lr_wd_grid={"train.lr": [1e-3, 3e-3], "train.weight_decay": [0.01, 1.0]}, eval_samples=200),
     # phase: the paper's gammas and 0.9 at depth 2-5, 3 seeds and one learning rate (1e-3), to fit 60
@@ -102,8 +103,10 @@ SCALES = Scales(
                        eval_samples=5000),
     # phase: 3 seeds x 9 learning rates uniformly in [1e-4, 3e-4] per cell (docs/papers.md, section 2)
     paper=CompositeScale(partial(get_preset, "composite-paper"),
-                         phase_grid={"train.seed": [0, 1, 2], "train.lr": [round(1e-4 + i * 2.5e-5, 7) for i in range(9)],
-                                     "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], "model.n_layers": [2, 3, 4, 5, 6]},
+                         phase_grid={"train.seed": [0, 1, 2], "train.lr": [round(1e-4 + i * 2.5e-5,
+                                                                                 7) for i in range(9)],
+                                     "model.init_gamma": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8], "model.n_layers": [2, 3, 4, 5,
+                                                                                                            6]},
                          contrast_gammas=(0.5, 0.8),
                          lr_wd_grid={"train.seed": [0, 1, 2], "train.lr": [1e-4, 2e-4, 3e-4, 5e-4],
                                      "train.weight_decay": [0.0, 0.01, 0.1, 1.0]},
@@ -139,7 +142,8 @@ def scale_params(scale: str, protocol: str | None = None) -> CompositeScale:
     if protocol != "matched":
         raise ConfigError(f"--protocol {protocol!r} is unknown; use one of {PROTOCOLS}")
     if scale not in MATCHED:
-        raise ConfigError(f"--protocol matched is a width-128 cpu protocol, declared at scales {tuple(MATCHED)}; at scale "
+        raise ConfigError(f"--protocol matched is a width-128 cpu protocol, declared at scales {tuple(MATCHED)}; at "
+                          "scale "
                           f"{scale!r} the study trains its own preset (composite-gpu: the paper's width and block; "
                           f"composite-paper: the paper's whole recipe), so leave --protocol out")
     return MATCHED[scale]
@@ -204,7 +208,8 @@ def complexity_row(run: LoadedRun, n: int) -> dict[str, Any]:
     return {"init_gamma": run.config.model.init_gamma, "n_layers": run.config.model.n_layers,
             "d_model": run.config.model.d_model, "step": run.weights.step if run.weights else None,
             **{k: measures[k] for k in COMPLEXITY_KEYS}, "wq_share_aligned": condensation["share_aligned"],
-            "wq_mean_abs_cosine": condensation["mean_abs_cosine"], "wq_random_baseline": condensation["random_baseline"]}
+            "wq_mean_abs_cosine": condensation["mean_abs_cosine"],
+            "wq_random_baseline": condensation["random_baseline"]}
 
 
 def train_and_measure(ctx: StudyContext, base: RunConfig, grid: dict[str, list[Any]]
@@ -223,7 +228,8 @@ def _measure_cells(ctx: StudyContext, results: dict[str, CellResult], subdir: st
     measured = {}
     for name, result in results.items():
         if result.status != "done":
-            measured[name] = {"status": result.status, "verdict": "unlearned" if result.status == "diverged" else "failed"}
+            measured[name] = {"status": result.status,
+                              "verdict": "unlearned" if result.status == "diverged" else "failed"}
             continue
         run = load_run(ctx.out / subdir / name)
         measured[name] = {"status": "done", "train_seconds": round(result.seconds, 1),

@@ -146,7 +146,8 @@ def run_mechanism(ctx: StudyContext) -> dict[str, Any]:
     summary_keys = ["verdict", "seen_accuracy", "held_out_inferential", "held_out_symmetric", "cosine_same_target",
                     "cosine_different_target", "embedding_top1", "embedding_top3"]
     sections = [("Models", table_html([[name, cells[name].model.init_gamma, cells[name].train.seed,
-                                       *(m.get(k) for k in summary_keys), (m.get("query_condensation") or {}).get("share_aligned")]
+                                       *(m.get(k) for k in summary_keys),
+                                       (m.get("query_condensation") or {}).get("share_aligned")]
                                       for name, m in measures.items()],
                                      ["model", "gamma", "seed", *summary_keys, "W_Q aligned share"])),
                 ("Information flow per layer (attention, head-averaged; patching: 0 corrupted .. 1 clean)",

@@ -102,13 +102,15 @@ def extrapolation_study(ctx: StudyContext, group: str = "z2") -> dict[str, Any]:
                                                     "Final test accuracy per variable; shaded: never supervised.")
          + table_html(rows, ["model", *[f"#{i}" for i in range(len(supervised))]])
          + "<p>* = not supervised (extrapolation).</p>"),
-        ("Accuracy over training (Figure 3)", "".join(curves_html(ctx, cell.name, c, cell.name) for cell, c in cells.items())),
+        ("Accuracy over training (Figure 3)", "".join(curves_html(ctx, cell.name, c,
+                                                                  cell.name) for cell, c in cells.items())),
         ("Step at which each variable reached 95%", table_html([[n, *s] for n, s in learned.items()],
                                                                ["model", *[f"#{i}" for i in range(len(supervised))]])),
     ]
     if rules:
         sections.append(parity_rules_section(rules))
-        headline["unsupervised_rules"] = {n: [r["rule"] for r in model_rules[first:]] for n, model_rules in rules.items()}
+        headline["unsupervised_rules"] = {n: [r["rule"] for r in model_rules[first:]]
+                                          for n, model_rules in rules.items()}
     return finish(ctx, f"LEGO ({group}): BERT vs ALBERT, length extrapolation", sections,
                   {"final_acc": table, "learned_step": learned,
                    "parity_rules": rules, "headline": headline})
@@ -183,7 +185,8 @@ def _comparison(ctx: StudyContext, cells: dict[Cell, RunConfig], title: str,
     headline = {group: mean_over_seeds(table, cells, group) for group in groups(cells)}
     headline["final_eval_loss"] = {n: round(v, 4) for n, v in losses.items()}
     sections = [
-        ("Final accuracy per variable", figure_html(lego_accuracy_figure(table, supervised, title, chance(next(iter(cells.values())))), "")
+        ("Final accuracy per variable", figure_html(lego_accuracy_figure(table, supervised, title,
+                                                                         chance(next(iter(cells.values())))), "")
          + table_html(rows, ["model", *[f"#{i}" for i in range(len(supervised))]])
          + table_html([[n, f"{v:.4f}"] for n, v in losses.items()], ["model", "final test loss (supervised)"])),
         ("Accuracy over training", "".join(curves_html(ctx, cell.name, c, cell.name) for cell, c in cells.items())),
@@ -191,7 +194,8 @@ def _comparison(ctx: StudyContext, cells: dict[Cell, RunConfig], title: str,
     rules = _rules_of(ctx, table)
     if rules:
         sections.append(parity_rules_section(rules))
-    return finish(ctx, title, sections, {"final_acc": table, "headline": headline, "parity_rules": rules, **(extra or {})})
+    return finish(ctx, title, sections, {"final_acc": table, "headline": headline, "parity_rules": rules,
+                                         **(extra or {})})
 
 
 def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
@@ -232,7 +236,8 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
          + f"<p class='verdict'>last variable learned (95%) before the middle ones: {shortcut}; "
            f"reached 75% before them: {shortcut_75}</p>"),
         ("(a) How the last variable is computed", last_variable_evidence_html(evidence)),
-        ("(b) #0..#k-2 plus the last vs #0..#k-1", table_html(rows, ["model", *[f"#{i}" for i in range(cells[bert].task.n_vars)]])
+        ("(b) #0..#k-2 plus the last vs #0..#k-1",
+         table_html(rows, ["model", *[f"#{i}" for i in range(cells[bert].task.n_vars)]])
          + f"<p>Mean accuracy on the middle variables {middle} (unsupervised in both): {middle_acc}.</p>"
          + (f"<p>Both models are the last stage of the <code>{curriculum(ctx.scale, 'bert').name}</code> curriculum "
             "on the same earlier stages (which supervised their own variables, see RESULTS.md); they differ in what "
@@ -264,17 +269,20 @@ def heads_study(ctx: StudyContext) -> dict[str, Any]:
                    if f"{layer}.{head}" not in planted and f"*.{head}" not in planted}
         clean, corrupted, slot, description = counterfactual_pairs(run.task, 64, 3, run.model)
         patch = patch_head_out(run.model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, slot))
-        effects = {f"L{layer}H{head}": round(v, 3) for layer, row in enumerate(patch.values.tolist()) for head, v in enumerate(row)}
+        effects = {f"L{layer}H{head}": round(v, 3)
+                   for layer, row in enumerate(patch.values.tolist()) for head, v in enumerate(row)}
         top = sorted(effects.items(), key=lambda kv: -abs(kv[1]))[:3]
         extrapolating = extrapolates(run)
-        per_model[name] = {"learned_labels": learned, "planted": run.config.model.planted, "patching_metric": description,
+        per_model[name] = {"learned_labels": learned, "planted": run.config.model.planted,
+                           "patching_metric": description,
                            "head_effects": effects, "top_heads": top, "extrapolates": extrapolating,
                            "scores": heads.to_dict()["scores"]}
         if extrapolating:
             for label in counts:
                 counts[label] += sum(v == label for v in learned.values())
         found = ", ".join(f"{h} {lab}" for h, lab in learned.items() if lab != "mixed") or "none"
-        rows.append([name, found, ", ".join(f"{h} ({v:+.2f}{' planted' if _is_planted(h, planted) else ''})" for h, v in top),
+        rows.append([name, found,
+                     ", ".join(f"{h} ({v:+.2f}{' planted' if _is_planted(h, planted) else ''})" for h, v in top),
                      "yes" if extrapolating else "no"])
     sections = [("Head labels and the heads the answer depends on", table_html(
         rows, ["model", "learned heads with a label (planted excluded)", "top heads by exact patching", "extrapolates"])
@@ -282,7 +290,8 @@ def heads_study(ctx: StudyContext) -> dict[str, Any]:
           "1 = restores the clean answer. A model extrapolates when its first unsupervised variable is >= 60%.</p>")]
     for name, data in per_model.items():
         sections.append((f"Head scores: {name}", figure_html(
-            plots.head_score_heatmaps(data["scores"], [["" for _ in row] for row in data["scores"]["association"]]), name)))
+            plots.head_score_heatmaps(data["scores"],
+                                      [["" for _ in row] for row in data["scores"]["association"]]), name)))
     return finish(ctx, "LEGO: attention heads", sections,
                   {"models": per_model,
                    "headline": {"learned_labels_in_extrapolating_models": counts,
@@ -300,12 +309,15 @@ def s3_study(ctx: StudyContext) -> dict[str, Any]:
 
 
 STUDIES = [
-    Study("lego-extrapolation", "BERT vs ALBERT: train on the first k variables, test all (Fig. 3)", extrapolation_study),
-    Study("lego-percolation", "probe map (layer x chain depth), slope and linearity, BERT vs ALBERT (Fig. 4)", percolation_study),
+    Study("lego-extrapolation", "BERT vs ALBERT: train on the first k variables, test all (Fig. 3)",
+          extrapolation_study),
+    Study("lego-percolation", "probe map (layer x chain depth), slope and linearity, BERT vs ALBERT (Fig. 4)",
+          percolation_study),
     Study("lego-stochastic-depth", "ALBERT with stochastic depth vs fixed depth (Fig. 5)", stochastic_depth_study),
     Study("lego-mimic", "mimicking initialisation vs random init (Fig. 6)", mimic_study),
     Study("lego-shortcut", "last variable learned first; first k-1 + last vs first k supervision", shortcut_study),
     Study("lego-heads", "head labels of every trained model and the heads the answer depends on", heads_study),
-    Study("lego-hardcoded", "hardcoded association/manipulation/broadcast heads, alone and hybrid, vs standard", hardcoded_study),
+    Study("lego-hardcoded", "hardcoded association/manipulation/broadcast heads, alone and hybrid, vs standard",
+          hardcoded_study),
     Study("lego-s3", "BERT vs ALBERT on the non-abelian S3 task", s3_study),
 ]
