@@ -260,8 +260,8 @@ def _link_reports(planted: Path, learned: Path) -> None:
     notes = {planted: (learned, "This model's association heads are planted. For heads that were learned, with nothing "
                                 "planted or mimicked, see"),
              learned: (planted, f"A copy of zoo/{DEMO_LEARNED}: a plain model taught three association hops by the "
-                                "lego-three-hops curriculum. For the demo's model, whose association heads are "
-                                "planted, see")}
+                                "lego-three-hops curriculum. For the demo's model, whose association "
+                                "heads are planted, see")}
     for run_dir, (other, words) in notes.items():
         with run_lock(run_dir):
             report = build_run_report(load_run(run_dir))

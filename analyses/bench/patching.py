@@ -311,8 +311,8 @@ def main() -> None:
     parser.add_argument("--label-index", type=int, default=0, help="label slot the metric reads (LEGO: variable #i)")
     parser.add_argument("--ig-steps", default="", help="comma-separated integrated-gradient step counts to time and "
                                                            "correlate too, e.g. 2,4,8 (default: none)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps the comparison fair on a busy "
-                                                               "machine)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps the comparison fair "
+                                                               "on a busy machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with warnings.catch_warnings():

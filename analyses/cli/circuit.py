@@ -41,8 +41,8 @@ def add_parser(sub: Any) -> None:
 
 
 def _add_pair_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pairs", type=int, default=64, help="counterfactual pairs the circuit is found on (default 64, "
-                                                         "as analyze)")
+    p.add_argument("--pairs", type=int, default=64, help="counterfactual pairs the circuit is found on "
+                                                         "(default 64, as analyze)")
     p.add_argument("--seed", type=int, default=0, help="seed of the pairs (default 0, as analyze)")
     p.add_argument("--no-edges", action="store_true", help="heads only, no path patching (fast on deep models): no "
                                                            "edge scores, every edge between kept heads in the circuit")

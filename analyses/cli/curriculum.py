@@ -12,8 +12,8 @@ from tasks import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    curriculum = sub.add_parser("curriculum", help="train a recipe in stages, each starting from the last one's "
-                                                   "weights",
+    curriculum = sub.add_parser("curriculum", help="train a recipe in stages, each starting from the "
+                                                   "last one's weights",
                                 description="Train every stage of a curriculum into OUT/<stage> (resumably: a "
                                             "finished stage is kept, a partial one continues). Nothing is planted "
                                             "or mimicked; each stage starts from the weights of the one before it. "

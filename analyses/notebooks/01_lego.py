@@ -130,8 +130,8 @@ residual = patch_residual(model, clean.tokens, corrupted.tokens, metric)
 head_out = patch_head_out(model, clean.tokens, corrupted.tokens, metric)
 attribution = attribute_head_out(model, clean.tokens, corrupted.tokens, metric)
 print(f"{description}; logit difference {residual.clean_metric:.2f} clean vs {residual.corrupted_metric:.2f} corrupted")
-display(HTML(figure_html(plots.heatmap(residual.values.tolist(), "position", "layer", "residual stream (clean -> "
-                                                                                      "corrupted)",
+display(HTML(figure_html(plots.heatmap(residual.values.tolist(), "position", "layer", "residual stream "
+                                                                                      "(clean -> corrupted)",
                                        task.token_strings(clean.tokens[0]), -1.0, 1.0))))
 display(HTML(figure_html(plots.heatmap(head_out.values.tolist(), "head", "layer", "head outputs, exact", None, -1.0,
                                        1.0))))

@@ -207,5 +207,5 @@ for term in ("identity_a", "identity_b"):
 display(HTML(table_html([[setting, *[s[c] for c in columns]] for setting, s in ablated.items()],
                         ["augmented model, unseen symbols", *columns])))
 for name in runs:
-    print(f"{name}: test loss {scores[(name, 'test')]['loss']}, accuracy {scores[(name, 'test')]['acc']} on unseen "
-          "symbols")
+    print(f"{name}: test loss {scores[(name, 'test')]['loss']}, accuracy {scores[(name, 'test')]['acc']} "
+          "on unseen symbols")

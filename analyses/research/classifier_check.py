@@ -102,10 +102,10 @@ def check(spec: str, n_pairs: int) -> Counts:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="LEGO run folders (e.g. zoo/lego-three-hops), or RUN@STEP for a "
-                                                "snapshot")
-    parser.add_argument("--n-pairs", type=int, default=64, help="clean/corrupted pairs per (depth, variable) (default "
-                                                                "64)")
+    parser.add_argument("runs", nargs="+", help="LEGO run folders (e.g. zoo/lego-three-hops), or "
+                                                "RUN@STEP for a snapshot")
+    parser.add_argument("--n-pairs", type=int, default=64, help="clean/corrupted pairs per (depth, "
+                                                                "variable) (default 64)")
     args = parser.parse_args(argv)
     rows = [(spec, check(spec, args.n_pairs)) for spec in args.runs]
     print("\n| model | carriers | hop / named label, before | hop / named label, after | idle shown as used, "

@@ -130,9 +130,9 @@ def _letter_patching(run, variable: int, letter: int, seed: int, n: int = 128) -
     effects = patch_head_out(run.model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, variable))
     ranked = sorted(((float(v), layer, head) for (layer, head), v in np.ndenumerate(effects.values.numpy())),
                     key=lambda item: -abs(item[0]))[:3]
-    return (f"    exact head patching on {len(rows)} sentences whose parent is {VARIABLES[letter]}, the parent's "
-            "element "
-            f"flipped, metric at #{variable}: " + ", ".join(f"L{layer}H{head} {v:+.2f}" for v, layer, head in ranked))
+    return (f"    exact head patching on {len(rows)} sentences whose parent is {VARIABLES[letter]}, the "
+            f"parent's element flipped, metric at #{variable}: "
+            + ", ".join(f"L{layer}H{head} {v:+.2f}" for v, layer, head in ranked))
 
 
 def _letter_head(run, batch, right, away, variable: int) -> tuple[str, int]:
@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=512, help="sentences per batch")
     parser.add_argument("--identity-prob", type=float, default=0.9)
     parser.add_argument("--breakdown", action="store_true",
-                        help="also #2's accuracy where the parent negates, by slot, distance and letter (6,000 "
-                             "sentences)")
+                        help="also #2's accuracy where the parent negates, by slot, distance and "
+                             "letter (6,000 sentences)")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     for run_dir in args.runs:

@@ -37,8 +37,8 @@ class Scales(Generic[P]):
 
     def __init__(self, params: type[P], **by_scale: P):
         if not (dataclasses.is_dataclass(params) and params.__dataclass_params__.frozen):
-            raise TypeError(f"{params.__name__} must be a frozen dataclass: a scale's numbers are declared, not "
-                            "changed")
+            raise TypeError(f"{params.__name__} must be a frozen dataclass: a scale's numbers are declared, "
+                            "not changed")
         if tuple(by_scale) != SCALES:
             raise ValueError(f"{params.__name__}: scales {tuple(by_scale)} declared; declare {SCALES}, in that order")
         wrong = {name: type(value).__name__ for name, value in by_scale.items() if type(value) is not params}

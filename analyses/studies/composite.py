@@ -252,15 +252,10 @@ STUDIES = [
 ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m analyses.studies.composite SWEEP_DIR`: the phase protocol's table of a
-    composite sweep (`workbench sweep --preset composite-cpu --grid train.seed=... train.lr=...
-    model.init_gamma=...`): per (gamma, depth) the verdict of the seeds' best learning rates."""
+def _parser(description: str):
     import argparse
-    import json
-    import sys
 
-    parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--measure", action="store_true",
                         help="measure every finished cell on fresh test-key sequences (--n per pair type), as the "
@@ -272,9 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                              "measure (default 256)")
     parser.add_argument("--cells", action="store_true",
                         help="one line per finished cell instead of the phase protocol's (gamma, depth) table: its "
-                             "grid "
-                             "point, steps trained, why it stopped, and the verdict on fresh test-key and training-key "
-                             "sequences (--n per pair type); SWEEP_DIR may also be a plain folder of run folders")
+                             "grid point, steps trained, why it stopped, and the verdict on fresh test-key and "
+                             "training-key sequences (--n per pair type); SWEEP_DIR may also be a plain "
+                             "folder of run folders")
     parser.add_argument("--mechanism", action="store_true",
                         help="with --cells: per cell, the mechanism at key position 2 and at the last one (6: the "
                              "pair ends the sequence) instead of the verdict: held-out answers, attention flow, "
@@ -283,6 +278,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --cells: per cell, the verdict with the vectors and complexity measures of the "
                              "phase study's report (last-token cosines for equal and other targets, first-layer W_Q "
                              "condensation, the value embeddings' leading eigenvalue shares)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m analyses.studies.composite SWEEP_DIR`: the phase protocol's table of a
+    composite sweep (`workbench sweep --preset composite-cpu --grid train.seed=... train.lr=...
+    model.init_gamma=...`): per (gamma, depth) the verdict of the seeds' best learning rates."""
+    import json
+    import sys
+
+    parser = _parser(main.__doc__.split("\n")[0])
     args = parser.parse_args(argv)
     if args.mechanism and not args.cells:
         parser.error("--mechanism reads cells one by one; add --cells")

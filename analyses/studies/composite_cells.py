@@ -142,10 +142,9 @@ def scale_params(scale: str, protocol: str | None = None) -> CompositeScale:
     if protocol != "matched":
         raise ConfigError(f"--protocol {protocol!r} is unknown; use one of {PROTOCOLS}")
     if scale not in MATCHED:
-        raise ConfigError(f"--protocol matched is a width-128 cpu protocol, declared at scales {tuple(MATCHED)}; at "
-                          "scale "
-                          f"{scale!r} the study trains its own preset (composite-gpu: the paper's width and block; "
-                          f"composite-paper: the paper's whole recipe), so leave --protocol out")
+        raise ConfigError(f"--protocol matched is a width-128 cpu protocol, declared at scales {tuple(MATCHED)}; "
+                          f"at scale {scale!r} the study trains its own preset (composite-gpu: the paper's width and "
+                          f"block; composite-paper: the paper's whole recipe), so leave --protocol out")
     return MATCHED[scale]
 
 

@@ -241,8 +241,8 @@ def shortcut_study(ctx: StudyContext) -> dict[str, Any]:
          + f"<p>Mean accuracy on the middle variables {middle} (unsupervised in both): {middle_acc}.</p>"
          + (f"<p>Both models are the last stage of the <code>{curriculum(ctx.scale, 'bert').name}</code> curriculum "
             "on the same earlier stages (which supervised their own variables, see RESULTS.md); they differ in what "
-            "the last stage supervises only, so this compares fine-tunes of one trunk, not models trained from "
-            "scratch.</p>" if curriculum(ctx.scale, "bert") else "")
+            "the last stage supervises only, so this compares fine-tunes of one trunk, not models "
+            "trained from scratch.</p>" if curriculum(ctx.scale, "bert") else "")
          + "".join(curves_html(ctx, cell.name, c, cell.name) for cell, c in cells.items() if cell.name in table)),
     ]
     rules = _rules_of(ctx, [cell.name for cell in cells if finished(pool_dir(ctx) / cell.name)])

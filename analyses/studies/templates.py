@@ -347,8 +347,8 @@ def _heads_html(a: dict[str, Any]) -> str:
 STUDIES = [
     Study("templates-efficiency", "same-different on unseen symbols: test loss vs training alphabet size, plain vs "
           "identity-augmented attention", run_efficiency),
-    Study("templates-copy-width", "copy template: training symbols needed for error < 0.05 per width, plain vs "
-                                  "augmented",
+    Study("templates-copy-width", "copy template: training symbols needed for error < 0.05 per width, "
+                                  "plain vs augmented",
           run_copy_width),
     Study("templates-mlp-control", "same-different on unseen symbols: a plain MLP over the concatenated embeddings "
           "(transformer's frozen random ones, and one-hot) on the templates-efficiency cells' data", run_mlp_control),
