@@ -57,8 +57,9 @@ class ZooEntry:
     preset: str
     overrides: tuple[str, ...]
     about: str
-    # trained by this curriculum (models/curriculum.py), `overrides` applying to every stage; the
-    # zoo keeps the last stage. Its train.init_from names where the stage before it was trained,
+    # trained by this curriculum (a task declares it: `workbench curriculum --list`), `overrides`
+    # applying to every stage; the zoo keeps the last stage. Its train.init_from names where the
+    # stage before it was trained,
     # which is not part of the recipe, so `status` leaves it out of the comparison.
     curriculum: str | None = None
 
