@@ -100,7 +100,8 @@ def test_lego_gpu_models_are_plain_on_the_papers_task_with_two_seeds_and_depths_
             planted = {"*.0": "association", "*.1": "manipulation", "*.2": "broadcast"}
             assert cfg.model.planted == (planted if kind in ("hardcoded", "hybrid3") else {})
     assert lego_pool.variant("gpu", "bert") == lego_pool.variant("gpu", "standard")  # plain: the same recipe
-    assert lego_pool.variant("gpu", "albert").model.tie_layers and lego_pool.variant("gpu", "albert-sd", layers=12).model.min_depth == 6
+    assert lego_pool.variant("gpu", "albert").model.tie_layers
+    assert lego_pool.variant("gpu", "albert-sd", layers=12).model.min_depth == 6
     assert lego_pool.variant("gpu", "mimic").train.mimic_steps == 1000
     assert lego_pool.variant("cpu", "bert", layers=6).model.planted == {f"{i}.0": "association" for i in range(1, 6)}
 

@@ -72,8 +72,8 @@ def _task_names_in(path: Path, patterns: list[re.Pattern], classes: set[str]) ->
             named = [name for name in [*modules, *(a.name for a in node.names)]
                      if set(name.split(".")) & classes or name.startswith("interp.tasks.")]
             found += [f"{where}: imports {name}" for name in named[:1]]  # `import interp.tasks` loads them all
-        elif isinstance(node, ast.Name) and node.id in classes or isinstance(node, ast.Attribute) and node.attr in classes:
-            found.append(f"{where}: uses {getattr(node, 'id', None) or node.attr}")
+        elif (name := getattr(node, "id", None) or getattr(node, "attr", None)) in classes:
+            found.append(f"{where}: uses {name}")
     return found
 
 
