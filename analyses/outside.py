@@ -41,8 +41,8 @@ def check_out_folder(out: Path) -> None:
     if not folder.check_place("the analysis"):
         return
     if folder.holds_run():
-        raise ConfigError(f"--out {out} holds a training run; `workbench analyze {out}` analyses that run. Choose a new "
-                          "or empty folder for analyze-model")
+        raise ConfigError(f"--out {out} holds a training run; `workbench analyze {out}` analyses that run. Choose a "
+                          "new or empty folder for analyze-model")
     others = sorted(p.name for p in out.iterdir() if p.name not in MAY_HOLD)
     if others:
         raise ConfigError(f"--out {out} holds files that analyze-model does not write ({', '.join(others[:5])}); "
@@ -72,7 +72,8 @@ def _is_file(source: str) -> bool:
 
 def _import_file(spec: str, path: Path) -> Any:
     if not path.is_file():
-        raise ConfigError(f"--model {spec}: {path} " + ("is a folder, not a file" if path.is_dir() else "does not exist"))
+        raise ConfigError(f"--model {spec}: {path} "
+                          + ("is a folder, not a file" if path.is_dir() else "does not exist"))
     name = f"_workbench_model_{abs(hash(str(path.resolve())))}"  # registered, so that dataclasses in it work
     loader = importlib.util.spec_from_file_location(name, path)
     if loader is None or loader.loader is None:
@@ -167,7 +168,8 @@ def analyze_outside(model_spec: str, prompts: Path, out: Path, device: torch.dev
     analysis = analyze_model(model, pairs)
     with run_lock(out):  # one writer at a time; the lock file goes when the block ends
         check_out_folder(out)  # again under the lock: a run written meanwhile is not overwritten
-        written = [analysis.write_json(out / ANALYSIS), analysis.write_report(out / REPORT, title=f"{model_spec} on {prompts.name}")]
+        written = [analysis.write_json(out / ANALYSIS), analysis.write_report(out / REPORT, title=f"{model_spec} on "
+                                                                                                  f"{prompts.name}")]
     return analysis, written
 
 

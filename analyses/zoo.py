@@ -13,14 +13,18 @@ Every entry says how its heads came to be, because that decides what an analysis
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+import interp.tasks  # noqa: F401 (registers each task's presets and curricula)
 from models.config import RunConfig
 from models.curriculum import get_curriculum, train_curriculum
 from models.presets import get_preset
@@ -53,8 +57,9 @@ class ZooEntry:
     preset: str
     overrides: tuple[str, ...]
     about: str
-    # trained by this curriculum (models/curriculum.py), `overrides` applying to every stage; the
-    # zoo keeps the last stage. Its train.init_from names where the stage before it was trained,
+    # trained by this curriculum (a task declares it: `workbench curriculum --list`), `overrides`
+    # applying to every stage; the zoo keeps the last stage. Its train.init_from names where the
+    # stage before it was trained,
     # which is not part of the recipe, so `status` leaves it out of the comparison.
     curriculum: str | None = None
 
@@ -98,8 +103,8 @@ ENTRIES = [
               "train.checkpoint_every=500", "train.eval_size=1000"),
              "no planted heads, no mimicking: variables named from six letters, 10,000 steps (about 50 minutes "
              "on one thread): a learned, partial hop. #2 = 0.68, right whenever the parent is the letter d "
-             "(the hop learned for one letter of six; python -m analyses.plateau --breakdown). Seed 0; seed 1 of "
-             "the same recipe learns no letter"),
+             "(the hop learned for one letter of six; python -m analyses.research.plateau --breakdown). Seed 0; seed "
+             "1 of the same recipe learns no letter"),
     ZooEntry("lego-association", "lego-cpu",
              ("model.planted={}", "task.n_letters=6", "train.batch_size=512", "train.steps=2500",
               "train.eval_every=250", "train.checkpoint_every=250", "train.eval_size=1000", "train.seed=1"),
@@ -129,12 +134,13 @@ ENTRIES = [
              "n = 8 with eight letters (seed 1; the last stage of the cpu-scale lego-extrapolation study's "
              "albert-s1, compiled bf16, so a rebuild is close to, not bit-equal to, these weights)",
              curriculum="lego-three-hops-albert"),
-    *(ZooEntry(f"lego12-{arch}-s{seed}", "lego-cpu", ("model.n_layers=12", "train.precision=fp32", f"train.seed={seed}"),
+    *(ZooEntry(f"lego12-{arch}-s{seed}", "lego-cpu", ("model.n_layers=12", "train.precision=fp32",
+                                                      f"train.seed={seed}"),
                f"{'ALBERT (one block shared by all 12 layers)' if arch == 'albert' else 'BERT'}, 12 layers for 12 "
                f"variables, #0-#5 supervised (the LEGO paper's shape at d_model 64), seed {seed}: nothing planted or "
                f"mimicked; the {curriculum} curriculum's four stages, each warm-started from the one before. Trained "
-               f"on a GPU (`bash analyses/gpu/zoo.sh`: the four side by side took 12 minutes on one H100; a CPU build takes hours); "
-               f"kept in float16 where fp32 would pass 2 MB",
+               "on a GPU (`bash analyses/gpu/zoo.sh`: the four side by side took 12 minutes on one H100; a CPU build "
+               f"takes hours); kept in float16 where fp32 would pass 2 MB",
                curriculum=curriculum)
       for arch, curriculum in (("bert", "lego-n12"), ("albert", "lego-n12-albert")) for seed in (0, 1)),
     *(ZooEntry(f"composite-matched-{kind}", "composite-matched",
@@ -218,3 +224,48 @@ def status(name: str, zoo_dir: Path = ZOO_DIR) -> str:
         return "damaged"
     entry = ZOO[name]
     return "built" if entry.recipe(read_config(folder)) == entry.recipe(entry.config()) else "stale"
+
+
+DEMO_LEARNED = "lego-three-hops"  # the zoo model whose analysis the demo's report links to
+
+
+def demo_learned(out: Path, analyze: Callable[[argparse.Namespace], int]) -> Path | None:
+    """Beside the demo run (whose association heads are planted), analyze a copy of the zoo's
+    learned three-hop LEGO model in OUT-learned (under a minute), and link the two reports. The
+    copy is made under a temporary name and renamed, so an interrupted copy is never taken for one.
+    `analyze`: the `workbench analyze` command (analyses.cli.analyze's run), given its parsed
+    arguments."""
+    from models.runs import CONFIG, read_regular
+
+    source, learned = zoo_path(DEMO_LEARNED), out.with_name(f"{out.name}-learned")
+    if learned.exists() and (not (learned / CONFIG).is_file()
+                             or read_regular(learned / CONFIG) != read_regular(source / CONFIG)):
+        print(f"warning: {learned} holds something other than a copy of zoo/{DEMO_LEARNED}; the learned model's "
+              "report is not written", file=sys.stderr)
+        return None
+    if not learned.exists():
+        partial = learned.with_name(f".{learned.name}.copying")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source, partial)
+        partial.rename(learned)
+    analyze(argparse.Namespace(run_dir=learned, samples=512, seed=0, device="cpu"))
+    _link_reports(out, learned)
+    return learned
+
+
+def _link_reports(planted: Path, learned: Path) -> None:
+    """Rewrite both reports with a paragraph after the summary that points at the other."""
+    from interp.run_report import build_run_report
+    from models.runs import REPORT, load_run, run_lock
+
+    notes = {planted: (learned, "This model's association heads are planted. For heads that were learned, with nothing "
+                                "planted or mimicked, see"),
+             learned: (planted, f"A copy of zoo/{DEMO_LEARNED}: a plain model taught three association hops by the "
+                                "lego-three-hops curriculum. For the demo's model, whose association "
+                                "heads are planted, see")}
+    for run_dir, (other, words) in notes.items():
+        with run_lock(run_dir):
+            report = build_run_report(load_run(run_dir))
+            report.sections.insert(1, ("See also", f'<p>{words} <a href="../{other.name}/report.html">'
+                                                   f"{other.name}/report.html</a>.</p>"))
+            report.write(run_dir / REPORT)

@@ -2,7 +2,7 @@
 verifying cells by exact patching in an estimate's order, the fraction of the exact sweep needed
 before all of exact's top k cells (by |effect|) are verified; with Spearman's correlation (the
 older yardstick) and the estimate's time beside it. One place for `workbench analyze`,
-`workbench benchmark --patching` and `analyses.atp_yardstick`.
+`workbench benchmark --patching` and `analyses.research.atp_yardstick`.
 
 Cells (CELLS): head outputs, queries and keys, by position (layer x pos x head) and per head
 (layer x head). Estimates (`estimates`): plain one-step attribution (AtP), GradDrop, integrated

@@ -2,7 +2,7 @@
 its verdict and where that verdict came from, its deciding rates, and links to its report and
 timeline. Only reads: nothing is written into a run, and a damaged cell is described, never raised.
 
-A sweep folder (analyses/sweep.py) holds `sweep.json` (the index, written when the sweep ends),
+A sweep folder (analyses/runners/sweep.py) holds `sweep.json` (the index, written when the sweep ends),
 `sweep_plan.json` (the grid and every cell's point, written when it starts, so a sweep still in
 progress has a page) and `cells.json` (each finished cell's result, updated as cells end).
 

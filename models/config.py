@@ -300,8 +300,9 @@ class RunConfig:
         if unknown:
             raise ConfigError(f"the config has unknown section(s) {sorted(unknown)}; sections: task, model, train")
         if "task" not in data:
+            names = task_names()
             raise ConfigError(f"the config has no task section; it must be a JSON object naming the task and its "
-                              f"settings, e.g. {{\"name\": \"lego\"}} with name one of {task_names()}")
+                              f"settings, e.g. {{\"name\": \"{names[0]}\"}} with name one of {names}")
         for section in ("task", "model", "train"):
             if section in data and not isinstance(data[section], dict):
                 raise ConfigError(f"the {section} section is {data[section]!r}; it must be a JSON object of "

@@ -2,15 +2,13 @@
 the stage before it (`train.init_from`). Nothing is planted or mimicked along the way, so the
 heads of the last stage are learned; what the curriculum changes is the task each stage sees.
 
-`lego-three-hops` (analyses/RESULTS.md) is why this exists: on 2 CPU cores no plain LEGO model
-follows three association hops from random init, but one that first learns one hop on an easier
-task (six letters, #0-#2) keeps going: #0-#4 of n = 6, then #0-#4 of n = 8 with eight letters.
-`workbench curriculum lego-three-hops --out DIR` trains it; each stage resumes like any run.
+A curriculum is a preset and, per stage, the overrides on top of it; a task declares its own
+curricula (`register_curriculum`, from its module in interp/tasks/), so this module names no task.
+`workbench curriculum NAME --out DIR` trains one; each stage resumes like any run.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,9 @@ class Curriculum:
     common: tuple[str, ...]  # every stage's overrides
     stages: tuple[Stage, ...]
     about: str
+    # what `workbench curriculum` prints of each stage's last metrics record: (metrics key, its words),
+    # e.g. a per-variable accuracy list; () prints nothing more
+    shown: tuple[str, str] | tuple[()] = ()
 
     def configs(self, folders: Sequence[Path | str], overrides: Sequence[str] = (),
                 last: Sequence[str] = ()) -> list[RunConfig]:
@@ -58,25 +59,6 @@ class Curriculum:
         """Where `workbench curriculum NAME --out OUT` trains each stage: OUT/<stage name>."""
         return [Path(out) / stage.name for stage in self.stages]
 
-
-LEGO_THREE_HOPS = Curriculum(
-    name="lego-three-hops",
-    preset="lego-cpu",
-    common=("model.planted={}", "train.batch_size=512", "train.eval_every=250", "train.checkpoint_every=250",
-            "train.eval_size=1000", "train.compile=true", "train.precision=bf16"),
-    stages=(
-        # the one-hop model (zoo lego-association's recipe): six letters, #0-#2 of n = 6
-        Stage("1-one-hop", ("task.n_letters=6", "train.steps=2500")),
-        # the same task, #0-#4 supervised: three hops for #4
-        Stage("2-three-hops-n6", ("task.n_letters=6", "task.n_supervised=5", "train.steps=2000",
-                                  "train.warmup_steps=100")),
-        # the target: n = 8, eight letters, #0-#4 supervised, #5-#7 never
-        Stage("3-three-hops-n8", ("task.n_vars=8", "task.n_letters=8", "task.n_supervised=5", "train.steps=1000",
-                                  "train.warmup_steps=100")),
-    ),
-    about="a plain LEGO model (nothing planted or mimicked) taught three association hops in three stages: "
-          "one hop with six letters (#0-#2 of 6), then #0-#4 of 6, then #0-#4 of n = 8 with eight letters",
-)
 
 @dataclass
 class StageResult:
@@ -114,29 +96,16 @@ def train_curriculum(curriculum: Curriculum, out: Path | str, overrides: Sequenc
     return results
 
 
-# ALBERT (every layer one shared block): the same stages, a longer first one. Seed 0 of the tied
-# model stayed on the plateau through a 2,500-step first stage, where both BERT seeds left it
-# (analyses/RESULTS.md).
-LEGO_THREE_HOPS_ALBERT = Curriculum(
-    name="lego-three-hops-albert",
-    preset=LEGO_THREE_HOPS.preset,
-    common=(*LEGO_THREE_HOPS.common, "model.tie_layers=true"),
-    stages=(Stage("1-one-hop", ("task.n_letters=6", "train.steps=6000")), *LEGO_THREE_HOPS.stages[1:]),
-    about="lego-three-hops for ALBERT (tied layers), with a 6,000-step first stage",
-)
+CURRICULA: dict[str, Curriculum] = {}  # name -> curriculum, in registration order
 
-# The paper's task shape: after the three stages, n = 12 with twelve letters and #0-#5 supervised
-# (the paper supervises the first half of its 12 variables). Meant for 12 layers on a GPU
-# (analyses/gpu/lego12.sh); the stages before it are the ones above, unchanged.
-LEGO_N12_STAGE = Stage("4-n12", ("task.n_vars=12", "task.n_letters=12", "task.n_supervised=6", "train.steps=2000",
-                                 "train.warmup_steps=100"))
-LEGO_N12 = dataclasses.replace(LEGO_THREE_HOPS, name="lego-n12", stages=(*LEGO_THREE_HOPS.stages, LEGO_N12_STAGE),
-                               about="lego-three-hops, then the paper's task: #0-#5 of n = 12 with twelve letters")
-LEGO_N12_ALBERT = dataclasses.replace(
-    LEGO_THREE_HOPS_ALBERT, name="lego-n12-albert", stages=(*LEGO_THREE_HOPS_ALBERT.stages, LEGO_N12_STAGE),
-    about="lego-three-hops-albert (tied layers), then #0-#5 of n = 12 with twelve letters")
 
-CURRICULA = {c.name: c for c in (LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT, LEGO_N12, LEGO_N12_ALBERT)}
+def register_curriculum(curriculum: Curriculum) -> Curriculum:
+    """Make `curriculum` known to `workbench curriculum` (a task's module in interp/tasks/ calls it)."""
+    known = CURRICULA.get(curriculum.name)
+    if known is not None and known != curriculum:
+        raise RuntimeError(f"two curricula are named {curriculum.name!r}")
+    CURRICULA[curriculum.name] = curriculum
+    return curriculum
 
 
 def get_curriculum(name: str) -> Curriculum:

@@ -5,7 +5,7 @@ too large for memory is exit 2 naming the setting to lower, before anything is w
 than a process the kernel kills without a word.
 
 The estimate is meant to be within a factor of 2 of the measured peak (tests/integration/
-test_memory.py; `python -m analyses.memory_table` prints estimate against measured). It is a
+test_memory.py; `python -m analyses.research.memory_table` prints estimate against measured). It is a
 guard against sizes that cannot fit, not a prediction to plan by. `WORKBENCH_SKIP_MEMORY_CHECK=1`
 turns the check off (docs/training.md).
 """

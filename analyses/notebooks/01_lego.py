@@ -58,7 +58,8 @@ SCALES = {
         config=RunConfig(
             task=LegoConfig(n_vars=4, n_supervised=2),
             model=ModelConfig(n_layers=2, d_model=32, n_heads=2, d_mlp=64),
-            train=TrainConfig(steps=40, batch_size=32, warmup_steps=4, eval_every=10, eval_size=128, checkpoint_every=40),
+            train=TrainConfig(steps=40, batch_size=32, warmup_steps=4, eval_every=10, eval_size=128,
+                              checkpoint_every=40),
         ),
         n_heads_sample=64, n_pairs=16, n_probe=256, n_verdict=256,
     ),
@@ -129,10 +130,13 @@ residual = patch_residual(model, clean.tokens, corrupted.tokens, metric)
 head_out = patch_head_out(model, clean.tokens, corrupted.tokens, metric)
 attribution = attribute_head_out(model, clean.tokens, corrupted.tokens, metric)
 print(f"{description}; logit difference {residual.clean_metric:.2f} clean vs {residual.corrupted_metric:.2f} corrupted")
-display(HTML(figure_html(plots.heatmap(residual.values.tolist(), "position", "layer", "residual stream (clean -> corrupted)",
+display(HTML(figure_html(plots.heatmap(residual.values.tolist(), "position", "layer", "residual stream "
+                                                                                      "(clean -> corrupted)",
                                        task.token_strings(clean.tokens[0]), -1.0, 1.0))))
-display(HTML(figure_html(plots.heatmap(head_out.values.tolist(), "head", "layer", "head outputs, exact", None, -1.0, 1.0))))
-display(HTML(figure_html(plots.heatmap(attribution.values.tolist(), "head", "layer", "head outputs, attribution", None, -1.0, 1.0))))
+display(HTML(figure_html(plots.heatmap(head_out.values.tolist(), "head", "layer", "head outputs, exact", None, -1.0,
+                                       1.0))))
+display(HTML(figure_html(plots.heatmap(attribution.values.tolist(), "head", "layer", "head outputs, attribution", None,
+                                       -1.0, 1.0))))
 
 # %% [markdown]
 # ## 4. Probes
@@ -171,5 +175,7 @@ display(HTML(table_html(
 # %%
 if task.cfg.group == "z2":  # parities describe Z2 only
     rules = lego_parity_rules(model, task, n=S["n_verdict"])
-    display(HTML(table_html([[f"#{r.variable}", r.describe(), r.agreement, "yes" if r.is_true_rule else "no", r.accuracy]
-                             for r in rules], ["variable", "closest parity rule", "agreement", "true rule", "accuracy"])))
+    display(HTML(table_html([[f"#{r.variable}", r.describe(), r.agreement, "yes" if r.is_true_rule else "no",
+                              r.accuracy]
+                             for r in rules], ["variable", "closest parity rule", "agreement", "true rule",
+                                               "accuracy"])))

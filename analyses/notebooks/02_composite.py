@@ -54,7 +54,8 @@ SCALES = {
         config=RunConfig(
             task=CompositeConfig(),
             model=ModelConfig(n_layers=2, d_model=32, n_heads=1, d_mlp=64),
-            train=TrainConfig(steps=40, batch_size=32, warmup_steps=4, eval_every=10, eval_size=128, checkpoint_every=40),
+            train=TrainConfig(steps=40, batch_size=32, warmup_steps=4, eval_every=10, eval_size=128,
+                              checkpoint_every=40),
         ),
         n_verdict=256, n_probe=512, n_heads_sample=64,
     ),
@@ -127,7 +128,8 @@ for name, run in runs.items():
 labels = {name: classify_heads(run.model, run.task,
                                run.task.sample(S["n_heads_sample"], seeded_generator(0), split="test").tokens).labels
           for name, run in runs.items()}
-display(HTML(table_html([[f"L{layer}", *[", ".join(labels[name][layer]) for name in runs]] for layer in range(n_layers)],
+display(HTML(table_html([[f"L{layer}",
+                          *[", ".join(labels[name][layer]) for name in runs]] for layer in range(n_layers)],
                         ["layer", *runs])))
 
 # %% [markdown]

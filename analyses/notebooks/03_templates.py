@@ -13,7 +13,7 @@
 #
 # Same-different strings are two symbols, `a a -> 1` or `a b -> 0`. The model trains on symbols
 # from one alphabet (`x0 ... x{n-1}`) and is tested on a disjoint one (`z*`), so the test
-# measures reasoning with abstract symbols, not memorised pairs. The template paper (PAPERS.md
+# measures reasoning with abstract symbols, not memorised pairs. The template paper (docs/papers.md,
 # section 3) finds that a plain transformer needs a large training alphabet for this, and that
 # *identity-augmented attention* cuts the data needed by about an order of magnitude: per head
 # two trainable scalars a_h, b_h (from 0) add `a_h * X X^T` to the attention scores (attend to
@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from IPython.display import HTML, display
 
+import interp.tasks  # noqa: F401 (registers each task's presets)
 from interp import plots
 from interp.attention import attention_patterns, classify_heads, mass_on_keys
 from interp.report import figure_html, table_html
@@ -86,7 +87,8 @@ runs = {name: train_or_load(S["config"].with_overrides([f"model.identity_attenti
 task = runs["plain"].task  # both runs share the task: same alphabets, same token ids
 print(f"training alphabet x0..x{N_TRAIN - 1}; test alphabet z0..z{task.cfg.n_test_symbols - 1} (never trained on)")
 for name, run in runs.items():
-    print(f"{name}: {run.path} ({run.config.train.steps} steps, identity_attention={run.config.model.identity_attention})")
+    print(f"{name}: {run.path} ({run.config.train.steps} steps, "
+          f"identity_attention={run.config.model.identity_attention})")
 
 # %% [markdown]
 # ## Training curves
@@ -168,7 +170,8 @@ for name, run in runs.items():
                                                                             heads[name].labels),
                                                   "Head scores on unseen symbols; * marks each head's label.")))
 n_layers, n_heads = contrast["plain"][0].shape
-rows = [[f"L{layer}H{head}", *[v for name in runs for v in (round(heads[name].score("association")[layer, head].item(), 3),
+rows = [[f"L{layer}H{head}", *[v for name in runs for v in (round(heads[name].score("association")[layer, head].item(),
+                                                                  3),
                                                              round(contrast[name][0][layer, head].item(), 3),
                                                              round(contrast[name][1][layer, head].item(), 3))]]
         for layer in range(n_layers) for head in range(n_heads)]
@@ -204,4 +207,5 @@ for term in ("identity_a", "identity_b"):
 display(HTML(table_html([[setting, *[s[c] for c in columns]] for setting, s in ablated.items()],
                         ["augmented model, unseen symbols", *columns])))
 for name in runs:
-    print(f"{name}: test loss {scores[(name, 'test')]['loss']}, accuracy {scores[(name, 'test')]['acc']} on unseen symbols")
+    print(f"{name}: test loss {scores[(name, 'test')]['loss']}, accuracy {scores[(name, 'test')]['acc']} "
+          "on unseen symbols")

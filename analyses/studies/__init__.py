@@ -1,1 +1,1 @@
-"""Study modules: each exposes `STUDIES` (see analyses/study.py); `workbench study --list` shows them."""
+"""Study modules: each exposes `STUDIES` (see analyses/runners/study.py); `workbench study --list` shows them."""

@@ -1,4 +1,4 @@
-"""Template-task studies (PAPERS.md section 3): can a transformer reason with symbols it never saw
+"""Template-task studies (docs/papers.md, section 3): can a transformer reason with symbols it never saw
 in training, how many training symbols does it need, and does identity-augmented attention
 (a_h X X^T in the scores, b_h A_h X in the output) cut that number?
 
@@ -31,7 +31,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import torch
 
-from analyses.study import Cell, Scales, Study, StudyContext, how_it_ended, run_folders
+from analyses.runners.study import Cell, Scales, Study, StudyContext, how_it_ended, run_folders
 from interp.attention import classify_heads
 from interp.patching import activation_patch, logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
@@ -182,7 +182,8 @@ def _curve_figure(curves: dict, ns: Sequence[int]) -> plt.Figure:
 
 
 def _curve_rows(curves: dict, ns: Sequence[int]) -> list[list[Any]]:
-    return [[n, v, "{:.4f} +- {:.4f}".format(*curves[v][n]["eval_loss"]), "{:.3f} +- {:.3f}".format(*curves[v][n]["error"])]
+    return [[n, v, "{:.4f} +- {:.4f}".format(*curves[v][n]["eval_loss"]),
+             "{:.3f} +- {:.3f}".format(*curves[v][n]["error"])]
             for n in ns for v in curves]
 
 
@@ -221,9 +222,11 @@ def run_mlp_control(ctx: StudyContext) -> dict[str, Any]:
                                          for k in MLP_EMBEDDINGS for key in keys},
                 **{f"{k}_min_error": min(curves[k][n]["error"][0] for n in s.ns) for k in MLP_EMBEDDINGS}}
     out = {"headline": headline, "curves": _jsonable(curves), "seeds": seeds, "embeddings": MLP_EMBEDDINGS,
-           "cells": {name: {k: r[k] for k in ("final", "history", "seconds", "parameters")} for name, r in results.items()},
+           "cells": {name: {k: r[k] for k in ("final", "history", "seconds",
+                                              "parameters")} for name, r in results.items()},
            "seconds": round(time.perf_counter() - started, 1)}
-    rows = [[n, k, "{:.4f} +- {:.4f}".format(*curves[k][n]["eval_loss"]), "{:.3f} +- {:.3f}".format(*curves[k][n]["error"]),
+    rows = [[n, k, "{:.4f} +- {:.4f}".format(*curves[k][n]["eval_loss"]),
+             "{:.3f} +- {:.3f}".format(*curves[k][n]["error"]),
              "{:.3f}".format(curves[k][n]["train_split_acc"][0])] for n in s.ns for k in MLP_EMBEDDINGS]
     sections = [
         ("MLP control: test loss on unseen symbols vs training alphabet size",
@@ -249,7 +252,8 @@ def run_copy_width(ctx: StudyContext) -> dict[str, Any]:
     needed = {v: {d: smallest_n_below_target(errors[v][d]) for d in s.widths} for v in VARIANTS}
     out = {"headline": {"n_needed": {v: {str(d): n for d, n in row.items()} for v, row in needed.items()},
                         "error_target": ERROR_TARGET},
-           "errors": {v: {str(d): {str(n): e for n, e in row.items()} for d, row in t.items()} for v, t in errors.items()},
+           "errors": {v: {str(d): {str(n): e for n, e in row.items()} for d, row in t.items()}
+                      for v, t in errors.items()},
            "cells": {k: r.to_dict() for k, r in results.items()}, "seconds": round(time.perf_counter() - started, 1)}
     rows = [[v, d, *[f"{errors[v][d][n]:.3f}" for n in s.width_ns]] for v in VARIANTS for d in s.widths]
     sections = [
@@ -268,7 +272,8 @@ def run_copy_width(ctx: StudyContext) -> dict[str, Any]:
 def run_heads(ctx: StudyContext) -> dict[str, Any]:
     s, started = SCALES[ctx.scale], time.perf_counter()
     setups = {"same_different": "label", "binding": "query"}  # template -> the corruption to patch with
-    cells = {Cell(v, None, (t,)): cell_config(ctx.scale, t, s.heads_n, aug) for t in setups for v, aug in VARIANTS.items()}
+    cells = {Cell(v, None, (t,)): cell_config(ctx.scale, t, s.heads_n,
+                                              aug) for t in setups for v, aug in VARIANTS.items()}
     results = ctx.run_cells(cells)
     analyses: dict[str, Any] = {}
     sections = []
@@ -342,7 +347,8 @@ def _heads_html(a: dict[str, Any]) -> str:
 STUDIES = [
     Study("templates-efficiency", "same-different on unseen symbols: test loss vs training alphabet size, plain vs "
           "identity-augmented attention", run_efficiency),
-    Study("templates-copy-width", "copy template: training symbols needed for error < 0.05 per width, plain vs augmented",
+    Study("templates-copy-width", "copy template: training symbols needed for error < 0.05 per width, "
+                                  "plain vs augmented",
           run_copy_width),
     Study("templates-mlp-control", "same-different on unseen symbols: a plain MLP over the concatenated embeddings "
           "(transformer's frozen random ones, and one-hot) on the templates-efficiency cells' data", run_mlp_control),
@@ -368,7 +374,8 @@ def sweep_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
         run = load_run(folder)
         cfg, last = run.config, (run.metrics or [{}])[-1]
         augmented = cfg.model.identity_attention
-        row = {"run": str(folder), "template": cfg.task.template, "d_model": cfg.model.d_model, "n": cfg.task.n_train_symbols,
+        row = {"run": str(folder), "template": cfg.task.template, "d_model": cfg.model.d_model,
+               "n": cfg.task.n_train_symbols,
                "variant": "augmented" if augmented else "plain", "identity_lr_scale": cfg.train.identity_lr_scale,
                "seed": cfg.train.seed, "lr": cfg.train.lr,
                "embeddings": "frozen" if cfg.model.fixed_embeddings else "trained",

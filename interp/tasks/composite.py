@@ -3,8 +3,8 @@ unlearned, from the held-out pair's answers on test keys; "unlearned" when seen-
 below 90%), with its evidence (attention from the last token to key and anchors and from the
 anchors to the key, per layer; cosine similarity of last-token representations for equal
 targets from different pairs; the circuit graph's route to the logits), the probe map of where
-the key, the first composition and the answer are readable, the report's sections and curves,
-and `composite-cpu` as the task's default preset. Registered with
+the key, the first composition and the answer are readable, the report's sections and curves
+(its presets are in composite_presets.py). Registered with
 `interp.analysis.register_analysis` at the end of the file.
 
 Shape glossary: layer = residual streams (interp.probes), site = positions read per sample,
@@ -34,7 +34,6 @@ from interp.circuit import Circuit, chains_to_logits
 from interp.probes import ProbeSet, layer_names, probe_grid, rounded
 from interp.report import figure_html, table_html
 from interp.report_format import dict_table_html, evidence_html, is_series, rate
-from models.presets import composite_cpu, register_preset
 from models.runs import LoadedRun
 from tasks import Batch, CompositeTask, seeded_generator
 from tasks.base import uniform_choice
@@ -468,4 +467,3 @@ register_analysis("composite", TaskAnalysis(
     lambda run: composite_curves(run.metrics),
     "Seen-pair accuracy on test keys, and the answers on the held-out pair.", _composite_circuit_findings,
     timeline_panels=composite_timeline_panels, summary=composite_summary, verdict_rates=composite_verdict_rates))
-register_preset("composite-cpu", composite_cpu, default_for="composite")

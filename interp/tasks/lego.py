@@ -1,10 +1,10 @@
 """LEGO's analysis as `workbench analyze` runs it: the findings (the verdict, `lego_verdict.py`;
 the probe map of information percolation, `lego_probes.py`), the for-loop evidence of the
-circuit graph, the report's sections and curves, and `lego-cpu` as the task's default preset.
-Registered with `interp.analysis.register_analysis` at the end of the file. Also what the LEGO
-studies (analyses/studies/lego.py) read from one model: how its last variable is computed (the
-shortcut), and their figures and tables. Why a model sits on the #2 plateau (analyses/plateau.py)
-is `lego_plateau.py`'s.
+circuit graph, and the report's sections and curves, registered with
+`interp.analysis.register_analysis` at the end of the file. Also what the LEGO studies
+(analyses/studies/lego.py) read from one model: how its last variable is computed (the shortcut),
+and their figures and tables. Why a model sits on the #2 plateau (analyses/research/plateau.py) is
+`lego_plateau.py`'s; the presets and curricula are `lego_presets.py`'s.
 
 Shape glossary: layer = residual streams (interp.probes), depth = LEGO chain index, label = one
 slot per variable in chain order.
@@ -29,7 +29,7 @@ from interp.patching import logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
 from interp.report_format import or_never, rate
 from interp.tasks.lego_heads import lego_share_probe
-from interp.tasks.lego_plateau import hop_pull as hop_pull  # re-exported: analyses/plateau.py
+from interp.tasks.lego_plateau import hop_pull as hop_pull  # re-exported: analyses/research/plateau.py
 from interp.tasks.lego_plateau import parent_element_split as parent_element_split  # re-exported, as hop_pull
 from interp.tasks.lego_probes import ProbeMap, lego_probe_map, percolation_findings, percolation_summary
 from interp.tasks.lego_probes import resolved_depths as resolved_depths  # re-exported: analyses/studies/lego.py
@@ -46,7 +46,6 @@ from interp.tasks.lego_verdict import (
 from interp.tasks.lego_verdict import extrapolates as extrapolates  # re-exported: analyses/studies/lego.py
 from interp.tasks.lego_verdict import last_learned_before_middle as last_learned_before_middle  # re-exported
 from interp.tasks.lego_verdict import learned_steps as learned_steps  # re-exported: analyses/studies/lego.py
-from models.presets import lego_cpu, register_preset
 from models.runs import LoadedRun
 from tasks import LegoTask, seeded_generator
 
@@ -219,4 +218,3 @@ register_analysis("lego", TaskAnalysis(
     _lego_curves, "Solid: supervised variables; dashed: not supervised (extrapolation).", _lego_circuit_findings,
     planted_note=PLANTED_NOTE, verdict_label=lego_verdict_label, timeline_panels=lego_timeline_panels,
     summary=lego_summary, verdict_rates=lego_verdict_rates, share_probe=lego_share_probe))
-register_preset("lego-cpu", lego_cpu, default_for="lego")

@@ -1,4 +1,4 @@
-"""Why a LEGO model sits on the #2 plateau (analyses/plateau.py): for every head, its attention on
+"""Why a LEGO model sits on the #2 plateau (analyses/research/plateau.py): for every head, its attention on
 the hop (the parent clause) and the pull of the loss toward it; and what a model's answers alone
 say of the hop (`parent_element_split`).
 """
@@ -17,7 +17,7 @@ from tasks import Batch, LegoTask, logits_at_labels
 from tasks.lego import PAD
 
 # ---------------------------------------------------------------------------------------------
-# The #2 plateau (analyses/plateau.py): does the loss pull any head toward the hop?
+# The #2 plateau (analyses/research/plateau.py): does the loss pull any head toward the hop?
 #
 # Variable #k (k >= 2) needs one association hop per step back along the chain: from the clause of
 # #k, attend to the clause of its parent #k-1, whose left-hand token is the same letter as #k's

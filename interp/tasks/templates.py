@@ -1,7 +1,7 @@
 """The templates task's analysis: the verdict (accuracy on strings of training symbols and of
 symbols never seen in training: generalises, memorises or unlearned), the report's curves, and
 `templates-cpu` as the task's default preset. No probe map. Registered with
-`interp.analysis.register_analysis` at the end of the file.
+`interp.analysis.register_analysis` and `models.presets.register_preset` at the end of the file.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from transformer_lens import HookedTransformer
 from interp import plots
 from interp.analysis import TaskAnalysis, predictions, register_analysis
 from interp.analysis_html import table_verdict_html
-from models.presets import register_preset, templates_cpu
+from models.config import ModelConfig, RunConfig, TrainConfig
+from models.presets import register_preset
 from models.runs import LoadedRun
-from tasks import TemplatesTask, seeded_generator
+from tasks import TemplatesConfig, TemplatesTask, seeded_generator
 
 LEARNED_ACCURACY = 0.95  # the accuracy from which a split counts as learned (as a LEGO variable)
 
@@ -57,6 +58,17 @@ def templates_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
     classes, and loss."""
     return plots.rates_and_loss(metrics, [("acc", "all"), ("acc_same", "same"), ("acc_different", "different")],
                                 ylabel="test accuracy", title="accuracy on unseen symbols")
+
+
+def templates_cpu() -> RunConfig:
+    """Same-different on unseen symbols: 256 training symbols, 2 layers, identity-augmented
+    attention, fixed random embeddings (as a templates-efficiency cpu cell); test = unseen symbols."""
+    return RunConfig(
+        task=TemplatesConfig(template="same_different", n_train_symbols=256, n_val_symbols=16, n_test_symbols=512),
+        model=ModelConfig(n_layers=2, d_model=64, n_heads=4, identity_attention=True, fixed_embeddings=True),
+        train=TrainConfig(steps=600, batch_size=256, lr=3e-3, warmup_steps=50, eval_every=150, eval_size=1000,
+                          checkpoint_every=600),
+    )
 
 
 register_analysis("templates", TaskAnalysis(

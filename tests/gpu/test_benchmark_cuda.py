@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from analyses.benchmark import run_device_benchmark
+from analyses.bench.throughput import run_device_benchmark
 
 pytestmark = pytest.mark.gpu
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-import analyses.sweep
+import analyses.runners.sweep
 import interp.analysis
 import models.runs
 import models.safe_files
@@ -237,7 +237,7 @@ def read_only(folder: Path, monkeypatch):
         yield
 
 
-WRITERS = (models.runs, interp.analysis, analyses.sweep)  # the trainer writes through models.runs
+WRITERS = (models.runs, interp.analysis, analyses.runners.sweep)  # the trainer writes through models.runs
 
 
 def fail_writes(monkeypatch, function: str, target: Path, code: int) -> None:

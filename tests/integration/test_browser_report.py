@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analyses.sweep import run_sweep
+from analyses.runners.sweep import run_sweep
 from interp.analysis import analyze_run
 from interp.run_report import write_run_report
 from interp.sweep_page import write_sweep_page

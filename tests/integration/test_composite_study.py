@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from analyses.runners.study import run_study
 from analyses.studies.composite import SCALES, aggregate_phase
-from analyses.study import run_study
 from tests.helpers import held_out_rates_by_hand
 
 
@@ -169,7 +169,7 @@ def test_protocol_matched_trains_the_matched_blocks_in_a_folder_of_its_own(tmp_p
 
 
 def test_seeds_give_the_mechanism_study_a_pair_per_seed():
-    from analyses.studies.composite import contrast_cells
+    from analyses.studies.composite_mechanism import contrast_cells
 
     cells = contrast_cells("tiny", gammas=(0.5, 0.9), protocol="matched", seeds=(0, 2))
     assert {name: (c.model.init_gamma, c.train.seed, c.model.n_layers) for name, c in cells.items()} == {
@@ -180,7 +180,7 @@ def test_seeds_give_the_mechanism_study_a_pair_per_seed():
 def test_the_matched_cpu_protocol_is_the_preset_its_phase_diagram_was_trained_with():
     """The phase diagram in analyses/RESULTS.md was trained by `workbench sweep` with these
     settings spelled out; the study's cells must be the same runs."""
-    from analyses.studies.composite import MATCHED, base_config
+    from analyses.studies.composite_cells import MATCHED, base_config
     from models.presets import get_preset
 
     spelled_out = get_preset("composite-cpu").with_overrides([
@@ -201,8 +201,8 @@ def test_measure_reads_a_sweeps_cells_like_the_phase_study(tmp_path, capsys):
     measure (composite_verdict on fresh test-key sequences), not the run's last evaluation."""
     import json
 
+    from analyses.runners.sweep import run_sweep
     from analyses.studies.composite import main
-    from analyses.sweep import run_sweep
     from interp.tasks.composite import composite_verdict
     from models.runs import load_run
     from tests.helpers import tiny_composite_run
@@ -257,7 +257,8 @@ def test_mechanism_by_key_position_lines_up_the_pair_where_asked(tmp_path, capsy
     """`--cells --mechanism`: per run, the held-out answers, attention flow and residual patching
     with the key at positions 2 and 6. With the key at 6 the pair ends the sequence, so anchor 2
     is the last token: the two sites read the same residual, and patching there agrees."""
-    from analyses.studies.composite import main, mechanism_by_key_position
+    from analyses.studies.composite import main
+    from analyses.studies.composite_mechanism import mechanism_by_key_position
     from models.runs import load_run
     from models.train import Trainer
     from tests.helpers import tiny_composite_run

@@ -6,8 +6,9 @@ import json
 import pytest
 
 from analyses.cli import main
-from analyses.studies.lego import TINY_CURRICULUM
-from models.curriculum import LEGO_THREE_HOPS, train_curriculum
+from analyses.studies.lego_pool import TINY_CURRICULUM
+from interp.tasks.lego_presets import LEGO_THREE_HOPS
+from models.curriculum import train_curriculum
 from models.runs import RunFolderError, read_config, read_metrics, read_tensors, weights_digest
 from tasks import ConfigError
 
@@ -44,7 +45,7 @@ def test_the_three_hop_curriculum_is_plain_and_ends_on_n8_with_five_supervised()
 
 
 def test_the_n12_curricula_add_the_papers_task_after_the_three_hop_stages():
-    from models.curriculum import LEGO_N12, LEGO_N12_ALBERT, LEGO_THREE_HOPS_ALBERT
+    from interp.tasks.lego_presets import LEGO_N12, LEGO_N12_ALBERT, LEGO_THREE_HOPS_ALBERT
 
     for curriculum, before, tied in ((LEGO_N12, LEGO_THREE_HOPS, False),
                                      (LEGO_N12_ALBERT, LEGO_THREE_HOPS_ALBERT, True)):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from analyses import benchmark
+from analyses.bench import throughput as benchmark
 from analyses.cli import main
 from tests.helpers import tiny_lego_run
 

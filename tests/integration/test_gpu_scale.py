@@ -8,9 +8,9 @@ import json
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
-from analyses.studies import composite, lego, templates
-from analyses.study import SCALES, StudyContext, all_studies, cell_names, run_study
-from analyses.sweep import grid_cells
+from analyses.runners.study import SCALES, StudyContext, all_studies, cell_names, run_study
+from analyses.runners.sweep import grid_cells
+from analyses.studies import composite, composite_mechanism, lego, lego_pool, templates
 from models.config import RunConfig
 from models.factory import build_model
 from models.presets import get_preset
@@ -86,7 +86,7 @@ def test_every_study_takes_the_gpu_scale_and_each_model_fits_ten_minutes(tmp_pat
 
 
 def test_lego_gpu_models_are_plain_on_the_papers_task_with_two_seeds_and_depths_8_and_12(tmp_path, monkeypatch):
-    base = lego.base_config("gpu")
+    base = lego_pool.base_config("gpu")
     assert base == get_preset("lego-gpu") and base.model.planted == {}
     assert (base.task.n_vars, base.task.n_supervised, base.model.n_layers) == (12, 6, 8)
     cells = cells_at_gpu_scale("lego-extrapolation", tmp_path / "x", monkeypatch)
@@ -94,16 +94,16 @@ def test_lego_gpu_models_are_plain_on_the_papers_task_with_two_seeds_and_depths_
                           for seed in (0, 1)}
     assert all(cfg.model.planted == {} and cfg.task.n_vars == 12 for cfg in cells.values())
     for kind in LEGO_KINDS:
-        for layers in lego.SCALES["gpu"].depths:
-            cfg = lego.variant("gpu", kind, seed=1, layers=layers)
+        for layers in lego_pool.SCALES["gpu"].depths:
+            cfg = lego_pool.variant("gpu", kind, seed=1, layers=layers)
             assert (cfg.task.n_vars, cfg.task.n_supervised, cfg.model.n_layers) == (12, 6, layers)
             planted = {"*.0": "association", "*.1": "manipulation", "*.2": "broadcast"}
             assert cfg.model.planted == (planted if kind in ("hardcoded", "hybrid3") else {})
-    assert lego.variant("gpu", "bert") == lego.variant("gpu", "standard")  # plain: the same recipe
-    assert lego.variant("gpu", "albert").model.tie_layers
-    assert lego.variant("gpu", "albert-sd", layers=12).model.min_depth == 6
-    assert lego.variant("gpu", "mimic").train.mimic_steps == 1000
-    assert lego.variant("cpu", "bert", layers=6).model.planted == {f"{i}.0": "association" for i in range(1, 6)}
+    assert lego_pool.variant("gpu", "bert") == lego_pool.variant("gpu", "standard")  # plain: the same recipe
+    assert lego_pool.variant("gpu", "albert").model.tie_layers
+    assert lego_pool.variant("gpu", "albert-sd", layers=12).model.min_depth == 6
+    assert lego_pool.variant("gpu", "mimic").train.mimic_steps == 1000
+    assert lego_pool.variant("cpu", "bert", layers=6).model.planted == {f"{i}.0": "association" for i in range(1, 6)}
 
 
 def test_composite_gpu_cells_use_the_papers_width_gammas_and_post_ln():
@@ -114,7 +114,7 @@ def test_composite_gpu_cells_use_the_papers_width_gammas_and_post_ln():
         assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.d_head, cfg.model.d_mlp) == (400, 1, 200, 1200)
         assert cfg.model.norm_position == "post" and cfg.train.batch_size == 2048 and cfg.train.n_train is None
         assert cfg.train.plateau_evals == 5 and cfg.train.steps == 6000
-    assert {c.model.init_gamma for c in composite.contrast_cells("gpu").values()} == {0.5, 0.8}
+    assert {c.model.init_gamma for c in composite_mechanism.contrast_cells("gpu").values()} == {0.5, 0.8}
     assert composite.SCALES["gpu"].eval_samples == 5000
 
 
@@ -129,8 +129,8 @@ def test_templates_gpu_scale_lies_between_cpu_and_paper():
 
 
 @pytest.mark.parametrize("name, cfg", [
-    ("lego-albert", lego.variant("gpu", "albert", layers=12)),
-    ("lego-mimic", lego.variant("gpu", "mimic").with_overrides(["train.mimic_steps=2"])),
+    ("lego-albert", lego_pool.variant("gpu", "albert", layers=12)),
+    ("lego-mimic", lego_pool.variant("gpu", "mimic").with_overrides(["train.mimic_steps=2"])),
     ("composite-depth5", composite.base_config("gpu").with_overrides(["model.n_layers=5"])),
     ("templates-copy", templates.cell_config("gpu", "copy", 64, augmented=True, d_model=512, n_vars=1)),
 ])
@@ -146,7 +146,7 @@ def test_one_model_of_each_gpu_study_trains_on_the_cpu_once_shrunk(tmp_path, nam
 def test_every_lego_experiment_runs_on_a_plain_base(tmp_path, monkeypatch):
     """Each LEGO study end to end on the gpu scale's plain base, shrunk to d 16 on the CPU (about 2 min)."""
     shrunk = get_preset("lego-gpu").with_overrides(["model.d_model=16", "model.n_heads=4", "model.d_mlp=32", *SHRINK])
-    monkeypatch.setattr(lego, "base_config", lambda scale: shrunk)
+    monkeypatch.setattr(lego_pool, "base_config", lambda scale: shrunk)
     results = {study.name: run_study(study.name, tmp_path / study.name, "gpu", progress=False)
                for study in lego.STUDIES}
     pool = tmp_path / "lego-runs-gpu"

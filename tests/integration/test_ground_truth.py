@@ -1,5 +1,5 @@
 """Issue 28, part 2: compiled ground truth. The fixtures in tests/data/circuits/ are models whose
-weights were set by hand (analyses/make_fixtures.py), so every node and edge of their circuit is
+weights were set by hand (tests/fixtures/make_fixtures.py), so every node and edge of their circuit is
 known: Q-, K- and V-composition, a three-layer two-hop chain, a cancelling pair (part 3), each
 with distractor heads nothing reads, and each again with N(0, 0.05) on every weight.
 
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import pytest
 
-from analyses.make_fixtures import OUT, build_all, differences, load_fixture
 from interp.atp import judge_estimates
 from interp.circuit import candidate_edges, edge_name, find_circuit, head_name
 from interp.patching import patch_head_out
 from interp.paths import path_patch
+from tests.fixtures.make_fixtures import OUT, build_all, differences, load_fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 THRESHOLD = 0.1
@@ -190,7 +190,7 @@ def table():
 
 
 def test_the_script_rebuilds_the_committed_fixtures():
-    """`python -m analyses.make_fixtures` is deterministic: a fresh build in memory is the
+    """`python -m tests.fixtures.make_fixtures` is deterministic: a fresh build in memory is the
     committed circuit.json exactly and the committed weights within 1e-7 (relative above 1;
     on the machine that wrote them, bit for bit). Each fixture is under 200 KB."""
     assert sorted(build_all()) == sorted(FIXTURES)

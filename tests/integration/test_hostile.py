@@ -41,7 +41,7 @@ import models.curriculum
 import models.runs
 import models.safe_files
 from analyses.cli import main
-from analyses.studies.lego import TINY_CURRICULUM
+from analyses.studies.lego_pool import TINY_CURRICULUM
 from analyses.zoo import ZOO_DIR
 from models.curriculum import train_curriculum
 from models.runs import (

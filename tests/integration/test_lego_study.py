@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from analyses.cli import main
-from analyses.studies.lego import STUDIES, TINY_CURRICULUM, plan, supervised_mask, variant
-from analyses.study import StudyContext, all_studies, run_study
+from analyses.runners.study import StudyContext, all_studies, run_study
+from analyses.studies.lego import STUDIES
+from analyses.studies.lego_pool import TINY_CURRICULUM, plan, supervised_mask, variant
 from models.runs import read_config
 
 LEGO = [study.name for study in STUDIES]

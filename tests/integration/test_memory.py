@@ -56,7 +56,7 @@ def test_an_analysis_too_large_for_memory_is_exit_2_naming_samples(tmp_path, cap
 
 @pytest.mark.slow  # five fresh processes that each train two steps of a large shape: 1-2 min
 def test_the_estimate_is_within_a_factor_of_2_of_the_measured_peak():
-    from analyses.memory_table import table
+    from analyses.research.memory_table import table
 
     rows = table()
     assert len(rows) >= 4

@@ -7,8 +7,8 @@ import json
 
 import torch
 
+from analyses.runners.study import run_study
 from analyses.studies.templates import cell_config
-from analyses.study import run_study
 from models.factory import build_model
 from models.mlp_control import build_mlp_control, train_mlp_control
 from models.train import Trainer

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from analyses.cli import main
-from analyses.sweep import CellResult, _run_pool, run_cells
+from analyses.runners.sweep import CellResult, _run_pool, run_cells
 from tests.helpers import tiny_composite_run
 
 TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12",
@@ -98,7 +98,7 @@ def test_a_sweep_stopped_with_sigterm_takes_its_workers_with_it(tmp_path):
     """`kill PID` on a sweep must not leave its workers training on: a restarted sweep would
     train the same folders twice."""
     jobs = {name: (tiny_composite_run(seed=i).to_dict(), str(tmp_path / name)) for i, name in enumerate("ab")}
-    script = ("import sys, json; from analyses.sweep import _run_pool; "
+    script = ("import sys, json; from analyses.runners.sweep import _run_pool; "
               "from tests.integration.test_sweep_local import writes_its_pid_and_sleeps; "
               "_run_pool(json.loads(sys.argv[1]), 2, print, cell_fn=writes_its_pid_and_sleeps)")
     parent = subprocess.Popen([sys.executable, "-c", script, json.dumps(jobs)], cwd=Path(__file__).parents[2])

@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from analyses.sweep import run_cells
+from analyses.runners.sweep import run_cells
 from tests.helpers import tiny_composite_run
 
 ray = pytest.importorskip("ray")
@@ -72,9 +72,9 @@ def test_an_address_that_is_not_a_ray_server_is_exit_2_within_seconds(tmp_path, 
     import threading
     import time
 
-    import analyses.sweep as sweep
+    import analyses.runners.ray_backend as ray_backend
 
-    monkeypatch.setattr(sweep, "PROBE_S", 1.0)
+    monkeypatch.setattr(ray_backend, "PROBE_S", 1.0)
     server = socket.create_server(("127.0.0.1", 0))
     held = []
     threading.Thread(target=lambda: held.extend(server.accept() for _ in range(8)), daemon=True).start()
@@ -92,7 +92,7 @@ def test_an_address_that_is_not_a_ray_server_is_exit_2_within_seconds(tmp_path, 
 def test_a_token_at_hand_is_sent_to_the_cluster(tmp_path, monkeypatch):
     """Ray 2.60 sends no token to an explicit address unless RAY_AUTH_MODE=token; a cluster
     started where ~/.ray/auth_token exists wants one."""
-    from analyses.sweep import use_ray_token
+    from analyses.runners.ray_backend import use_ray_token
 
     monkeypatch.setenv("HOME", str(tmp_path))
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
@@ -109,7 +109,7 @@ def test_the_token_ray_would_send_is_found_where_ray_looks(tmp_path, monkeypatch
     """RAY_AUTH_TOKEN, else RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token; only a regular file is read."""
     import os
 
-    from analyses.sweep import ray_token
+    from analyses.runners.ray_backend import ray_token
 
     monkeypatch.setenv("HOME", str(tmp_path))
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):

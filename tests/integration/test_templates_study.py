@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from analyses.runners.study import all_studies, run_study
 from analyses.studies.templates import data_factors
-from analyses.study import all_studies, run_study
 
 
 @pytest.mark.parametrize("name", ["templates-efficiency", "templates-copy-width", "templates-heads"])

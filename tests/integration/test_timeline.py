@@ -9,8 +9,8 @@ import pytest
 from safetensors import safe_open
 
 from analyses.cli import main
-from analyses.studies.lego import TINY_CURRICULUM
-from analyses.sweep import run_cells
+from analyses.runners.sweep import run_cells
+from analyses.studies.lego_pool import TINY_CURRICULUM
 from models.curriculum import train_curriculum
 from models.runs import ERROR_LOG, REPORT, TIMELINE, load_run, verified_weights
 from models.snapshots import INDEX, SNAPSHOTS, read_index, read_snapshot, scheduled_steps

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import models.runs
 from analyses.cli import main
-from analyses.studies.lego import TINY_CURRICULUM
+from analyses.studies.lego_pool import TINY_CURRICULUM
 from models.curriculum import train_curriculum
 from models.runs import (
     INIT,

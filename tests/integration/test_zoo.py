@@ -125,7 +125,7 @@ def test_every_report_says_how_the_model_got_its_heads(runs):
 
 
 def test_the_hop_breakdown_reads_a_solved_hop_and_the_zero_hop_rule(runs):
-    from analyses.plateau import hop_breakdown
+    from analyses.research.plateau import hop_breakdown
 
     solved, plateau = hop_breakdown(runs("lego-planted"), 600), hop_breakdown(runs("lego-mimic"), 600)
     assert "accuracy 1.00" in solved[0] and all(cell.endswith("1.00") for line in solved[1:5]
@@ -140,7 +140,7 @@ def test_the_hop_breakdown_reads_a_solved_hop_and_the_zero_hop_rule(runs):
 def test_the_six_letter_model_learned_the_hop_for_one_letter_and_the_workbench_finds_its_head(runs):
     """RESULTS.md, "What the six-letter models know of the hop": learned from random init, no
     planted or mimicked heads; #2 right whenever the parent is d; L1H3 looks at d's clause."""
-    from analyses.plateau import hop_breakdown
+    from analyses.research.plateau import hop_breakdown
 
     run = runs("lego-six-letters")
     assert run.config.heads_origin == "learned" and 0.65 < run.metrics[-1]["acc_per_var"][2] < 0.72
@@ -207,11 +207,11 @@ def test_a_learned_albert_follows_three_hops_through_heads_the_classifier_labels
 
 
 def test_the_classifier_check_counts_carriers_and_labels_before_and_after_with_their_evidence(capsys):
-    """`python -m analyses.classifier_check` on the zoo's three-hop model (analyses/RESULTS.md, "Labels
+    """`python -m analyses.research.classifier_check` on the zoo's three-hop model (analyses/RESULTS.md, "Labels
     against patching"): L3H3 looks up the parent clause and is used; L3H0, mixed before, reads #2's
     clause from everywhere (the depth kind) and carries the hop; no head carrying < 0.05 is shown as
     a used hop head after, one is before (L1H2, a manipulation head the answer does not depend on)."""
-    from analyses.classifier_check import main
+    from analyses.research.classifier_check import main
 
     assert main(["zoo/lego-three-hops", "--n-pairs", "32"]) == 0
     out = capsys.readouterr().out

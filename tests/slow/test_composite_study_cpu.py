@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from analyses.study import run_study
+from analyses.runners.study import run_study
 
 pytestmark = pytest.mark.slow
 

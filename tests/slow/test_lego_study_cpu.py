@@ -15,8 +15,9 @@ import time
 import pytest
 import torch
 
-from analyses.study import run_study
-from models.curriculum import LEGO_THREE_HOPS, train_curriculum
+from analyses.runners.study import run_study
+from interp.tasks.lego_presets import LEGO_THREE_HOPS
+from models.curriculum import train_curriculum
 from models.train import bf16_supported
 
 pytestmark = pytest.mark.slow

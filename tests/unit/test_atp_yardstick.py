@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-import analyses.atp_yardstick as atp_yardstick
-from analyses.atp_yardstick import curve_table, recovery_curve
+import analyses.research.atp_yardstick as atp_yardstick
+from analyses.research.atp_yardstick import curve_table, recovery_curve
 
 
 def test_the_recovery_curve_is_the_share_of_runs_recovered_within_each_budget():

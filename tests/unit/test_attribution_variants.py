@@ -1,10 +1,10 @@
-"""The gradient variants of analyses.attribution_variants: they change what the backward pass
+"""The gradient variants of analyses.research.attribution_variants: they change what the backward pass
 sees, never the forward values, and the secant rule sees a neuron switched on."""
 
 import pytest
 import torch
 
-from analyses.attribution_variants import VARIANTS, _secant_slope, frozen_norms, secant_gelu, variant_agreement
+from analyses.research.attribution_variants import VARIANTS, _secant_slope, frozen_norms, secant_gelu, variant_agreement
 from interp.patching import attribute_head_out
 from models.factory import build_model
 from tasks import LegoConfig, LegoTask

@@ -5,10 +5,10 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 import interp.circuit_spread as spread
-from analyses.make_fixtures import OUT, load_fixture
 from interp.circuit import Circuit
 from interp.circuit_spread import bootstrap_circuit, bootstrap_html
 from interp.patching import LogitDiff
+from tests.fixtures.make_fixtures import OUT, load_fixture
 
 
 def test_the_stable_core_of_a_known_circuit_is_that_circuit():

@@ -80,7 +80,8 @@ def test_cuda_kernels_are_deterministic_only_with_a_cublas_workspace_config(monk
 def test_ray_cells_share_the_clusters_gpus_among_the_workers(monkeypatch, tmp_path):
     """Each Ray cell asks for its share of the GPUs (none without GPUs, so Ray hides them and the
     cell's `auto` device is the CPU). A stand-in `ray` module records what is asked for."""
-    from analyses.sweep import gpu_share, run_cells
+    from analyses.runners.ray_backend import gpu_share
+    from analyses.runners.sweep import run_cells
     from tests.helpers import tiny_composite_run
 
     assert gpu_share(0, 4) == 0 and gpu_share(1, 2) == 0.5 and gpu_share(1, 1) == 1.0 and gpu_share(4, 2) == 1.0

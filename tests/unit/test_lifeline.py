@@ -1,4 +1,4 @@
-"""A worker dies with the process it works for, however that one dies (analyses/lifeline.py)."""
+"""A worker dies with the process it works for, however that one dies (analyses/runners/lifeline.py)."""
 
 import signal
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from analyses.lifeline import machine_key, watched_pid
+from analyses.runners.lifeline import machine_key, watched_pid
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death watch is Linux's")
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 POOL_PARENT = """
 import multiprocessing, os, sys, time
 from concurrent.futures import ProcessPoolExecutor
-from analyses.lifeline import die_with
+from analyses.runners.lifeline import die_with
 pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver"), initializer=die_with,
                            initargs=(os.getpid(),))
 print(pool.submit(os.getpid).result(), flush=True)
@@ -50,7 +50,7 @@ def test_a_pool_worker_dies_within_a_second_of_its_parents_sigkill():
 
 def test_a_watch_inside_a_block_kills_the_process_when_the_watched_one_ends_and_not_after_the_block():
     sleeper = subprocess.Popen(["sleep", "60"])
-    script = ("import sys, time\nfrom analyses.lifeline import dying_with\n"
+    script = ("import sys, time\nfrom analyses.runners.lifeline import dying_with\n"
               "with dying_with(int(sys.argv[1])): pass\nprint('block left', flush=True)\n"
               "with dying_with(int(sys.argv[1])): print('inside', flush=True); time.sleep(30)\n")
     watcher = subprocess.Popen([sys.executable, "-c", script, str(sleeper.pid)], cwd=REPO, stdout=subprocess.PIPE,

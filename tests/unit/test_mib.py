@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from analyses.make_fixtures import OUT, load_fixture
 from interp.circuit import candidate_edges, edge_name
 from interp.circuit_compare import mib_files
 from interp.circuit_spread import circuit_on_pairs
@@ -22,6 +21,7 @@ from interp.mib import (
     threshold_circuits,
     write_mib,
 )
+from tests.fixtures.make_fixtures import OUT, load_fixture
 
 CFG = {"n_layers": 3, "n_heads": 2, "parallel_attn_mlp": False, "d_model": 16}
 HEADS = [f"L{layer}H{head}" for layer in range(3) for head in range(2)]

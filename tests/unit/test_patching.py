@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from analyses.bench_patching import print_report, run_patching_benchmark, unaligned_pairs
+from analyses.bench.patching import print_report, run_patching_benchmark, unaligned_pairs
 from interp.patching import (
     activation_patch,
     attribute_head_out,
@@ -394,7 +394,7 @@ def test_exact_patching_of_a_model_with_planted_heads_matches_transformer_lens(g
 
 
 def test_blend_curve_runs_from_corrupted_to_exact_patching():
-    from analyses.bench_patching import blend_curve
+    from analyses.bench.patching import blend_curve
 
     model, clean, corrupted, metric = counterfactual_setup(LEGO)
     exact = patch_head_out(model, clean.tokens, corrupted.tokens, metric)
@@ -407,7 +407,7 @@ def test_blend_curve_runs_from_corrupted_to_exact_patching():
 
 
 def test_agreement_by_slot_covers_every_slot_the_corruption_changes(gen):
-    from analyses.bench_patching import agreement_by_slot
+    from analyses.bench.patching import agreement_by_slot
 
     model, clean, _, _ = counterfactual_setup(LEGO)
     corrupted, _ = LEGO.corrupt(clean, gen, depth=1)  # variables #1.. change, #0 does not

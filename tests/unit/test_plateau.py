@@ -47,7 +47,7 @@ def test_residual_similarity_is_one_when_every_position_holds_the_same_vector(ge
 def test_mention_accuracy_reads_the_mention_slots_of_the_supervised_variables(monkeypatch, shift, expected):
     from types import SimpleNamespace
 
-    import analyses.plateau as plateau
+    import analyses.research.plateau as plateau
 
     task = LegoTask(LegoConfig(n_vars=5, n_supervised=3, mention_labels="value"))
     # a model that answers every label slot right (shift 0) or wrong (shift 1, z2)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from analyses.study import Cell, StudyContext, cell_names, default_out
+from analyses.runners.study import Cell, StudyContext, cell_names, default_out
 
 
 def test_a_cell_is_named_by_kind_tags_and_seed_and_grouped_without_the_seed():
@@ -42,7 +42,7 @@ def test_every_study_module_declares_every_scale_once_with_its_own_parameter_typ
     import pkgutil
 
     import analyses.studies as package
-    from analyses.study import SCALES, Scales
+    from analyses.runners.study import SCALES, Scales
 
     modules = [importlib.import_module(f"analyses.studies.{m.name}") for m in pkgutil.iter_modules(package.__path__)]
     with_studies = {m.__name__.rsplit(".", 1)[-1]: m for m in modules if getattr(m, "STUDIES", None)}
@@ -59,7 +59,7 @@ def test_every_study_module_declares_every_scale_once_with_its_own_parameter_typ
 def test_a_scale_table_must_name_every_scale_with_one_frozen_type():
     from dataclasses import dataclass
 
-    from analyses.study import Scales
+    from analyses.runners.study import Scales
     from tasks import ConfigError
 
     @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from analyses.sweep import (
+from analyses.runners.sweep import (
     cell_name,
     check_cell_folder,
     grid_cells,
@@ -92,7 +92,7 @@ def test_a_cell_whose_folder_another_process_writes_is_waited_for_then_failed_no
     import subprocess
     import sys
 
-    import analyses.sweep as sweep
+    import analyses.runners.sweep as sweep
 
     monkeypatch.setattr(sweep, "LOCK_GRACE_S", 0.3)
     cell = tmp_path / "seed=0"

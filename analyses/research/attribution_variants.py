@@ -1,7 +1,7 @@
 """Which cheap estimate of head-output patching agrees with exact patching, across trained runs:
 the evidence behind "attribution is a screen" (analyses/RESULTS.md, issue 3).
 
-    python -m analyses.attribution_variants RUN_DIR [RUN_DIR ...] [--slots 0,1,2] [--n-pairs 32]
+    python -m analyses.research.attribution_variants RUN_DIR [RUN_DIR ...] [--slots 0,1,2] [--n-pairs 32]
 
 For each run and label slot, the Spearman correlation with exact patching (clean -> corrupted,
 the benchmark's pairs) of four estimates, by position (layer x pos x head) / per head (layer x
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from analyses.bench_patching import attribution_agreement, exact_head_patching, unaligned_pairs
+from analyses.bench.patching import attribution_agreement, exact_head_patching, unaligned_pairs
 from interp.patching import logit_diff_metric
 from models.runs import load_run
 
@@ -94,11 +94,13 @@ def secant_and_frozen_norms(model: Any) -> Iterator[None]:
 
 VARIANTS: dict[str, tuple[Callable[[Any], Any], int]] = {  # name: (gradient context, integrated-gradient steps);
     # secant_gelu supports one step only
-    "atp": (nullcontext, 1), "ln-frozen": (frozen_norms, 1), "secant": (secant_and_frozen_norms, 1), "ig2": (nullcontext, 2),
+    "atp": (nullcontext, 1), "ln-frozen": (frozen_norms, 1), "secant": (secant_and_frozen_norms,
+                                                                        1), "ig2": (nullcontext, 2),
 }
 
 
-def variant_agreement(model: Any, task: Any, slot: int, n_pairs: int = 32, seed: int = 0) -> dict[str, tuple[float, float]]:
+def variant_agreement(model: Any, task: Any, slot: int, n_pairs: int = 32, seed: int = 0) -> dict[str, tuple[float,
+                                                                                                             float]]:
     """Spearman with exact patching, (by position, per head), for every estimate in VARIANTS."""
     device = next(model.parameters()).device
     clean, corrupted = (batch.to(device) for batch in unaligned_pairs(task, n_pairs, seed))
@@ -128,7 +130,8 @@ def main() -> None:
             run = load_run(run_dir)
         rows: dict[str, list[str]] = {name: [] for name in VARIANTS}
         for slot in slots:
-            for name, (by_pos, per_head) in variant_agreement(run.model, run.task, slot, args.n_pairs, args.seed).items():
+            for name, (by_pos, per_head) in variant_agreement(run.model, run.task, slot, args.n_pairs,
+                                                              args.seed).items():
                 rows[name].append(f"#{slot} {by_pos:5.2f} / {per_head:5.2f}")
         for name, cells in rows.items():
             print(f"{run_dir:40s} {name:10s} " + "   ".join(cells), flush=True)

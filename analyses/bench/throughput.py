@@ -35,9 +35,10 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from analyses.bench_patching import best_times
+import interp.tasks  # noqa: F401 (registers each task's presets)
+from analyses.bench.patching import best_times
 from models.factory import build_model, forward
-from models.presets import composite_cpu, lego_cpu, lego_gpu
+from models.presets import get_preset
 from models.train import (
     bf16_supported,
     check_compile,
@@ -49,6 +50,8 @@ from models.train import (
 from tasks import Batch, CompositeConfig, ConfigError, LegoConfig, make_task, seeded_generator
 
 CPU = torch.device("cpu")
+
+DEVICE_PRESET = "lego-gpu"  # the shape `workbench benchmark --device` times
 
 
 def synchronize(device: torch.device) -> None:
@@ -79,7 +82,8 @@ def generation_rate(task_cfg, n: int, repeats: int) -> float:
     return n / best_time(lambda: task.sample(n, gen), repeats)
 
 
-def matmul_peak(size: int = 1024, repeats: int = 20, device: torch.device = CPU, dtype: torch.dtype = torch.float32) -> float:
+def matmul_peak(size: int = 1024, repeats: int = 20, device: torch.device = CPU,
+                dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of a square matmul of `dtype` on `device`, now."""
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     a @ b  # warm-up
@@ -145,7 +149,7 @@ def training_modes(batch_sizes: tuple[int, ...], repeats: int, cfg=None, device:
     """Steps/s and tokens/s of a model (default: the lego-cpu shape without planted heads) on
     `device` in each training mode, side by side (each the best of `repeats` timings of a few
     steps); modes the device cannot run are skipped, saying why."""
-    cfg = cfg or lego_cpu().with_overrides(["model.planted={}"])
+    cfg = cfg or get_preset("lego-cpu").with_overrides(["model.planted={}"])
     modes = runnable_modes(device)
     results: dict[str, float] = {}
     for batch_size in batch_sizes:
@@ -165,7 +169,7 @@ def training_modes(batch_sizes: tuple[int, ...], repeats: int, cfg=None, device:
 def denormal_step_rate(flush: bool, warm_steps: int, timed_steps: int) -> float:
     """Training steps/s of the composite-cpu model at gamma 0.3, measured after `warm_steps`
     (the slowdown appears once weights and moments have shrunk)."""
-    cfg = composite_cpu().with_overrides(["model.init_gamma=0.3"])
+    cfg = get_preset("composite-cpu").with_overrides(["model.init_gamma=0.3"])
     task = make_task(cfg.task)
     model = build_model(cfg.model, task)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -192,7 +196,7 @@ def run_benchmarks(quick: bool = False) -> dict[str, float]:
     print(f"task generation  LEGO n=12: {results['lego12_sentences_per_s']:,.0f} sentences/s (target >= 100,000)")
     print(f"task generation  composite: {results['composite_sequences_per_s']:,.0f} sequences/s")
 
-    cfg = lego_cpu()
+    cfg = get_preset("lego-cpu")
     step, flops, tokens = training_step_fn(cfg, cfg.train.batch_size)
     peak = matmul_peak(repeats=5 if quick else 20)
     seconds = best_time(step, 3 if quick else 10)
@@ -205,7 +209,7 @@ def run_benchmarks(quick: bool = False) -> dict[str, float]:
     results.update(training_modes((128,) if quick else (128, 512), repeats=2 if quick else 5))
     if not quick:  # the composite phase study's cells (cpu scale: compiled, bf16 where the CPU has it)
         composite = {f"composite_d{depth}_" + key: value for depth in (2, 5) for key, value in training_modes(
-            (256,), 5, composite_cpu().with_overrides([f"model.n_layers={depth}"]),
+            (256,), 5, get_preset("composite-cpu").with_overrides([f"model.n_layers={depth}"]),
             shape=f"composite-cpu shape, depth {depth}").items()}
         results.update(composite)
 
@@ -240,7 +244,7 @@ def data_and_step_times(cfg, batch_size: int, device: torch.device, repeats: int
 def patching_times(cfg, device: torch.device, n_pairs: int, repeats: int) -> dict[str, float]:
     """One exact head-by-position patching sweep, ours and TransformerLens's, on a fresh model of
     `cfg` on `device` (speed does not depend on training), with their largest difference."""
-    from analyses.bench_patching import transformer_lens_by_pos, unaligned_pairs
+    from analyses.bench.patching import transformer_lens_by_pos, unaligned_pairs
     from interp.patching import logit_diff_metric, patch_head_out_by_pos
 
     task = make_task(cfg.task)
@@ -274,7 +278,8 @@ def fractions_of_peak(cfg, batch_size: int, device: torch.device, rates: dict[st
     keys = {name: f"steps_per_s_{mode_key(name, batch_size)}" for name in TRAINING_MODES}
     steps_per_s = {name: rates[key] for name, key in keys.items() if key in rates}
     best = max(steps_per_s, key=steps_per_s.get)
-    results = {f"fraction_of_peak_{mode_key(name, batch_size)}": rate * flops / peak for name, rate in steps_per_s.items()}
+    results = {f"fraction_of_peak_{mode_key(name, batch_size)}": rate * flops / peak
+               for name, rate in steps_per_s.items()}
     results.update(train_flops_per_step=flops, train_steps_per_s=steps_per_s[best],
                    train_tokens_per_s=steps_per_s[best] * tokens, fraction_of_peak=steps_per_s[best] * flops / peak)
     cells = ", ".join(f"{name} {rate * flops / peak:.1%}" for name, rate in steps_per_s.items())
@@ -301,7 +306,7 @@ def run_device_benchmark(device: torch.device, quick: bool = False) -> dict[str,
     """The lego-gpu shape (d 256, 8 layers, n = 12) on `device`, every number side by side from
     this one run. On the CPU the batch is cut (a batch-512 step is over ten seconds there) and
     so is the patching model's depth, so that the CPU run takes a few minutes."""
-    cfg = lego_gpu()
+    cfg = get_preset(DEVICE_PRESET)
     cuda = device.type == "cuda"
     batch_size = cfg.train.batch_size if cuda else (8 if quick else 32)
     repeats, n_pairs = (3, 8) if quick else (10, 32)

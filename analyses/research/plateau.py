@@ -1,4 +1,4 @@
-"""`python -m analyses.plateau RUN_DIR [RUN_DIR ...]`: the hop's attention and gradient pull in a
+"""`python -m analyses.research.plateau RUN_DIR [RUN_DIR ...]`: the hop's attention and gradient pull in a
 LEGO run (interp/tasks/lego.py), on uniform test sentences and on biased (mixed-input) ones, side by
 side. Prints, per variable that needs a hop and kind of data, the head with the largest pull and
 the head that puts the most attention on the parent clause.
@@ -64,7 +64,8 @@ def mention_accuracy(run, n: int, seed: int) -> list[str]:
     correct = (predictions(run.model, batch) == batch.labels) & batch.label_mask
     shown = [f"#{k} {correct[:, n_vars + k].sum() / batch.label_mask[:, n_vars + k].sum():.3f}"
              for k in range(n_vars) if batch.loss_mask[:, n_vars + k].any()]
-    return [f"  mention labels ({run.task.cfg.mention_labels}) of the supervised variables, accuracy: " + ", ".join(shown)]
+    return [f"  mention labels ({run.task.cfg.mention_labels}) of the supervised variables, accuracy: "
+            + ", ".join(shown)]
 
 
 def forest_accuracy(run, n: int, seed: int) -> list[str]:
@@ -129,8 +130,9 @@ def _letter_patching(run, variable: int, letter: int, seed: int, n: int = 128) -
     effects = patch_head_out(run.model, clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, variable))
     ranked = sorted(((float(v), layer, head) for (layer, head), v in np.ndenumerate(effects.values.numpy())),
                     key=lambda item: -abs(item[0]))[:3]
-    return (f"    exact head patching on {len(rows)} sentences whose parent is {VARIABLES[letter]}, the parent's element "
-            f"flipped, metric at #{variable}: " + ", ".join(f"L{layer}H{head} {v:+.2f}" for v, layer, head in ranked))
+    return (f"    exact head patching on {len(rows)} sentences whose parent is {VARIABLES[letter]}, the "
+            f"parent's element flipped, metric at #{variable}: "
+            + ", ".join(f"L{layer}H{head} {v:+.2f}" for v, layer, head in ranked))
 
 
 def _letter_head(run, batch, right, away, variable: int) -> tuple[str, int]:
@@ -143,14 +145,15 @@ def _letter_head(run, batch, right, away, variable: int) -> tuple[str, int]:
     letters = batch.latents["variables"][:, variable - 1]
     best = max(sorted(set(letters[away].tolist())), key=lambda v: right[away & (letters == v)].mean().item())
     rows, parent = torch.arange(len(batch)), batch.label_pos[:, variable - 1]
-    patterns = torch.cat([attention_patterns(run.model, batch.tokens[i: i + 500]) for i in range(0, len(batch), 500)], 1)
+    patterns = torch.cat([attention_patterns(run.model, batch.tokens[i: i + 500]) for i in range(0, len(batch), 500)],
+                         1)
     query = batch.label_pos[:, variable]
     # indices split by a slice put the batch first: [batch layer head]
     mass = sum(patterns[:, rows, :, query, parent + offset] for offset in range(4))
     on_best, others = mass[letters == best].mean(0), mass[letters != best].mean(0)
     layer, head = divmod(int((on_best - others).abs().argmax()), mass.shape[2])
-    return (f"    attention from #{variable}'s left-hand token onto the parent's clause, parent {VARIABLES[best]} (best "
-            f"answered) vs the other letters, largest difference: L{layer}H{head} {on_best[layer, head]:.2f} vs "
+    return (f"    attention from #{variable}'s left-hand token onto the parent's clause, parent {VARIABLES[best]} "
+            f"(best answered) vs the other letters, largest difference: L{layer}H{head} {on_best[layer, head]:.2f} vs "
             f"{others[layer, head]:.2f}"), best
 
 
@@ -160,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=512, help="sentences per batch")
     parser.add_argument("--identity-prob", type=float, default=0.9)
     parser.add_argument("--breakdown", action="store_true",
-                        help="also #2's accuracy where the parent negates, by slot, distance and letter (6,000 sentences)")
+                        help="also #2's accuracy where the parent negates, by slot, distance and "
+                             "letter (6,000 sentences)")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     for run_dir in args.runs:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import interp.tasks  # noqa: F401 (registers each task's presets)
 from models.presets import get_preset
 from models.runs import WEIGHTS
 from models.snapshots import SnapshotKeeper, snapshot_disk_bytes
@@ -80,7 +81,8 @@ def snapshot_cost(preset: str, steps: int, repeats: int) -> dict[str, float]:
         run = Path(tmp) / "on-0"
         disk, weights = snapshot_disk_bytes(run), (run / WEIGHTS).stat().st_size
     ratios = [on / off for on, off in zip(with_snaps, without)]
-    return {"steps": steps, "seconds_with": statistics.median(with_snaps), "seconds_without": statistics.median(without),
+    return {"steps": steps, "seconds_with": statistics.median(with_snaps),
+            "seconds_without": statistics.median(without),
             "time_ratio": statistics.median(ratios), "snapshot_share": statistics.median(inside),
             "snapshot_bytes": disk, "weights_bytes": weights, "disk_ratio": disk / weights}
 
@@ -90,7 +92,8 @@ def run_snapshot_benchmark(quick: bool = False) -> dict[str, dict[str, float]]:
     for preset, steps in (QUICK_STEPS if quick else STEPS).items():
         cost = snapshot_cost(preset, steps, repeats=1 if quick else 3)
         results[preset] = cost
-        print(f"{preset}, {steps} steps: {cost['seconds_with']:.1f} s with 20 snapshots, {cost['seconds_without']:.1f} s "
+        print(f"{preset}, {steps} steps: {cost['seconds_with']:.1f} s with 20 snapshots, "
+              f"{cost['seconds_without']:.1f} s "
               f"without: time x{cost['time_ratio']:.3f} (median of alternated pairs); the snapshot work itself "
               f"{cost['snapshot_share']:.2%} of the run; snapshots {cost['snapshot_bytes'] / 1e6:.2f} MB = "
               f"{cost['disk_ratio']:.1f}x the final weights ({cost['weights_bytes'] / 1e6:.2f} MB)")

@@ -1,7 +1,7 @@
 """Studies: one module per experiment of the papers, each a `workbench study <name>` command.
 
 A study module in `analyses/studies/` exposes `STUDIES`, a list of `Study`. Running one trains
-its cells (through `analyses.sweep.run_cells`, so it resumes), analyses them, and writes into
+its cells (through `analyses.runners.sweep.run_cells`, so it resumes), analyses them, and writes into
 its folder a summary `report.html` and `results.json` with every number the report shows, both
 through `StudyContext.finish`. A model a study trains is a `Cell`: what tells it apart from the
 others (kind, tags, seed), with its folder name derived in one place. What changes with the scale
@@ -37,7 +37,8 @@ class Scales(Generic[P]):
 
     def __init__(self, params: type[P], **by_scale: P):
         if not (dataclasses.is_dataclass(params) and params.__dataclass_params__.frozen):
-            raise TypeError(f"{params.__name__} must be a frozen dataclass: a scale's numbers are declared, not changed")
+            raise TypeError(f"{params.__name__} must be a frozen dataclass: a scale's numbers are declared, "
+                            "not changed")
         if tuple(by_scale) != SCALES:
             raise ValueError(f"{params.__name__}: scales {tuple(by_scale)} declared; declare {SCALES}, in that order")
         wrong = {name: type(value).__name__ for name, value in by_scale.items() if type(value) is not params}
@@ -105,7 +106,7 @@ class StudyContext:
 
     def run_cells(self, cells: Mapping[Cell | str, Any], where: Path | str = "runs") -> dict:
         """Train (or find finished) every cell in `where` (a folder under the study's, or a path)."""
-        from analyses.sweep import run_cells
+        from analyses.runners.sweep import run_cells
 
         folder = where if isinstance(where, Path) else self.out / where
         return run_cells(cell_names(cells), folder, workers=self.workers, backend=self.backend,

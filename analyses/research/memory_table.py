@@ -1,7 +1,7 @@
 """The memory estimate (models/memory.py) against the measured peak of short training runs, one
 fresh process per shape (a process's peak RSS only grows). Prints a table:
 
-    python -m analyses.memory_table            # the shapes below, about a minute on one core
+    python -m analyses.research.memory_table            # the shapes below, about a minute on one core
 
 Measured = the process's peak resident set (getrusage ru_maxrss) less its resident set just
 before the trainer is built (torch and TransformerLens imported), i.e. what the run itself added.
@@ -30,8 +30,8 @@ def measure(preset: str, overrides: list[str]) -> dict[str, float]:
     """Train `preset` with `overrides` for two steps in a fresh process: estimated and measured
     peak bytes above the process's size before training."""
     with tempfile.TemporaryDirectory(prefix="memory-table-") as folder:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        child = subprocess.run([sys.executable, "-m", "analyses.memory_table", "--child", preset, folder,
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        child = subprocess.run([sys.executable, "-m", "analyses.research.memory_table", "--child", preset, folder,
                                 *RUN, *overrides], env=env, capture_output=True, text=True, timeout=600)
     if child.returncode != 0:
         raise RuntimeError(f"measuring {preset} {overrides} failed: {child.stderr[-2000:]}")
@@ -42,6 +42,7 @@ def _child(preset: str, folder: str, overrides: list[str]) -> None:
     """In the measuring process: train, print {"estimate", "measured"} in bytes."""
     import resource
 
+    import interp.tasks  # noqa: F401 (registers each task's presets)
     from models.memory import estimate_peak
     from models.presets import get_preset
     from models.train import Trainer

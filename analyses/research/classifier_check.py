@@ -1,6 +1,6 @@
 """Do the head labels agree with exact patching on learned LEGO models? Before and after issue 41.
 
-    python -m analyses.classifier_check RUN_DIR[@STEP] [RUN_DIR[@STEP] ...] [--n-pairs 64]
+    python -m analyses.research.classifier_check RUN_DIR[@STEP] [RUN_DIR[@STEP] ...] [--n-pairs 64]
 
 RUN_DIR@STEP reads the run's snapshot of that step (`models.snapshots`) instead of its last weights.
 For each model, every head's *hop share* (`interp.tasks.lego_heads.hop_probe`: exact head patching
@@ -53,8 +53,8 @@ class Counts:
     def row(self, name: str) -> str:
         rate = lambda part: f"{part} ({part / self.carriers:.2f})" if self.carriers else str(part)  # noqa: E731
         return (f"| {name} | {self.carriers} | {rate(self.hop_before)} / {rate(self.named_before)} | "
-                f"{rate(self.hop_after)} / {rate(self.named_after)} | {self.idle_used_before} / {self.idle_used_after} | "
-                f"{self.twins} | {self.not_used} |")
+                f"{rate(self.hop_after)} / {rate(self.named_after)} | {self.idle_used_before} / "
+                f"{self.idle_used_after} | {self.twins} | {self.not_used} |")
 
 
 def load(spec: str) -> LoadedRun:
@@ -95,15 +95,17 @@ def check(spec: str, n_pairs: int) -> Counts:
             counts.not_used += status == "not used"
             if carrier or label != "mixed" or old != "mixed":
                 where = evidence.reads[layer][head] if evidence.reads else None
-                print(f"  L{layer}H{head}  before {old:<12}  after "
-                      f"{describe(label, status, share, evidence.partner[layer][head], evidence.joint[layer][head], where)}")
+                said = describe(label, status, share, evidence.partner[layer][head], evidence.joint[layer][head], where)
+                print(f"  L{layer}H{head}  before {old:<12}  after {said}")
     return counts
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="LEGO run folders (e.g. zoo/lego-three-hops), or RUN@STEP for a snapshot")
-    parser.add_argument("--n-pairs", type=int, default=64, help="clean/corrupted pairs per (depth, variable) (default 64)")
+    parser.add_argument("runs", nargs="+", help="LEGO run folders (e.g. zoo/lego-three-hops), or "
+                                                "RUN@STEP for a snapshot")
+    parser.add_argument("--n-pairs", type=int, default=64, help="clean/corrupted pairs per (depth, "
+                                                                "variable) (default 64)")
     args = parser.parse_args(argv)
     rows = [(spec, check(spec, args.n_pairs)) for spec in args.runs]
     print("\n| model | carriers | hop / named label, before | hop / named label, after | idle shown as used, "

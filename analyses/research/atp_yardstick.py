@@ -2,7 +2,7 @@
 patching in an estimate's order, how much of the exact sweep is needed before all of exact's
 top-k cells (by |effect|) are verified. Across trained runs, side by side per estimate.
 
-    python -m analyses.atp_yardstick RUN_DIR [RUN_DIR ...] [--n-pairs 64] [--k 3] [--ig-steps 4]
+    python -m analyses.research.atp_yardstick RUN_DIR [RUN_DIR ...] [--n-pairs 64] [--k 3] [--ig-steps 4]
 
 Per run, the pairs and the label slot are the ones `workbench analyze` uses (aligned pairs; the
 deepest supervised slot the model fits). Cells and estimates:
@@ -35,7 +35,8 @@ from models.runs import load_run
 BUDGETS = (0.05, 0.10, 0.25, 0.50, 0.75)  # fractions of the exact sweep verified in the estimate's order
 
 
-def yardstick(run: Any, n_pairs: int, k: int, ig_steps: int, seed: int = 0) -> dict[tuple[str, str], tuple[float, float, int]]:
+def yardstick(run: Any, n_pairs: int, k: int, ig_steps: int, seed: int = 0) -> dict[tuple[str, str], tuple[float,
+                                                                                                           float, int]]:
     """(cells, estimate) -> (fraction of the exact sweep to verify, Spearman, number of cells)."""
     clean, corrupted, slot, _ = counterfactual_pairs(run.task, n_pairs, seed, run.model)
     metric = logit_diff_metric(clean, corrupted, slot)

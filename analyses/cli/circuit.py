@@ -23,7 +23,7 @@ run folders (their circuit is found as circuit-export finds it), folders written
 circuit-export, or MIB circuit files (.json). Nothing is written unless --out is given."""
 
 
-def add_circuit_commands(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     """The two subcommands, added to the `workbench` parser's subparsers."""
     export = sub.add_parser("circuit-export", help="write a run's circuit as MIB circuit files (circuit.json, one "
                             "per MIB edge budget)", description=_EXPORT_HELP)
@@ -41,8 +41,8 @@ def add_circuit_commands(sub: Any) -> None:
 
 
 def _add_pair_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pairs", type=int, default=64, help="counterfactual pairs the circuit is found on (default 64, "
-                                                         "as analyze)")
+    p.add_argument("--pairs", type=int, default=64, help="counterfactual pairs the circuit is found on "
+                                                         "(default 64, as analyze)")
     p.add_argument("--seed", type=int, default=0, help="seed of the pairs (default 0, as analyze)")
     p.add_argument("--no-edges", action="store_true", help="heads only, no path patching (fast on deep models): no "
                                                            "edge scores, every edge between kept heads in the circuit")
@@ -75,8 +75,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     meta = files["circuit.json"]["meta"]
     size = (args.out / "circuit.json").stat().st_size
     print(f"{args.run_dir}: {meta['heads_in_graph']} heads and {meta['scored_edges_in_graph']} scored edges in the "
-          f"circuit (faithfulness {meta['faithfulness']}); MIB graph of {meta['nodes']} nodes and {meta['edges']} edges "
-          f"({meta['unscored_edges']} unscored: from the input or MLPs, or into MLPs)")
+          f"circuit (faithfulness {meta['faithfulness']}); MIB graph of {meta['nodes']} nodes and {meta['edges']} "
+          f"edges ({meta['unscored_edges']} unscored: from the input or MLPs, or into MLPs)")
     budgets = f"{len(files) - 1} edge-budget files" if len(files) > 1 else "no edge-budget files (no edge scores)"
     print(f"wrote {args.out / 'circuit.json'} ({size / 1024:.1f} KiB) and {budgets} in {args.out}")
     return 0
@@ -90,8 +90,8 @@ def _circuit_of(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         return _measured_files(path, args)["circuit.json"]
     target = path / "circuit.json" if path.is_dir() else path
     if not target.is_file():
-        raise ConfigError(f"{path} is neither a run folder with model.safetensors, a circuit-export folder (circuit.json) "
-                          f"nor a MIB circuit file")
+        raise ConfigError(f"{path} is neither a run folder with model.safetensors, a circuit-export folder "
+                          f"(circuit.json) nor a MIB circuit file")
     try:
         return read_mib(target)
     except ValueError as err:

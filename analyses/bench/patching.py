@@ -2,7 +2,7 @@
 against exact, measured side by side in one process (ratios carry the message, not absolute
 times on a shared machine).
 
-    python -m analyses.bench_patching RUN_DIR [--n-pairs 32] [--seed 0] [--repeats 3] [--ig-steps 2,4]
+    python -m analyses.bench.patching RUN_DIR [--n-pairs 32] [--seed 0] [--repeats 3] [--ig-steps 2,4]
 
 Reports, on the same counterfactual pairs (the task's `corrupt()`, logit difference at one
 label slot): the time of `patch_head_out_by_pos` vs `transformer_lens.patching.
@@ -19,7 +19,7 @@ to its clean output (`blend_curve`), with downstream MLPs or attention patterns 
 Attribution extrapolates the slope at the corrupted end of that line. With --ig-steps, the
 same speed-up and correlations for integrated gradients (`steps=K`), which averages the slope
 over K points of the line between the two inputs' embeddings. Last, AtP*'s yardstick side by
-side (interp.atp, as `python -m analyses.atp_yardstick` computes it over many runs): for head
+side (interp.atp, as `python -m analyses.research.atp_yardstick` computes it over many runs): for head
 outputs, queries and keys, by position and per head, the verified fraction, Spearman and time of
 plain attribution, GradDrop, integrated gradients (the largest of --ig-steps, else 4 steps) and,
 for queries and keys, the QK fix alone and with GradDrop.
@@ -88,7 +88,8 @@ def transformer_lens_by_pos(model: Any, clean: Tensor, corrupted: Tensor, metric
         return get_act_patch_attn_head_out_by_pos(model, corrupted, clean_cache, lambda logits: metric(logits).mean())
 
 
-def exact_head_patching(model: Any, clean: Batch, corrupted: Batch, metric: Callable) -> tuple[PatchResult, PatchResult]:
+def exact_head_patching(model: Any, clean: Batch, corrupted: Batch, metric: Callable) -> tuple[PatchResult,
+                                                                                               PatchResult]:
     """Exact patching per (layer, pos, head) and per (layer, head)."""
     args = (model, clean.tokens, corrupted.tokens, metric)
     return patch_head_out_by_pos(*args), patch_head_out(*args)
@@ -283,15 +284,17 @@ def print_report(results: dict[str, Any]) -> None:
 
 def yardstick_table(results: dict[str, Any], k: int = 3) -> list[str]:
     """`estimates_side_by_side`'s keys as one table, a row per (cells, estimate)."""
-    lines = [f"AtP*'s yardstick: the fraction of the exact sweep verified in each estimate's order until exact's top {k} "
-             f"cells are all verified (target by position <= {AT_MOST['verified_head_out_by_pos']}); Spearman with "
+    lines = ["AtP*'s yardstick: the fraction of the exact sweep verified in each estimate's order until exact's top "
+             f"{k} cells are all verified (target by position <= {AT_MOST['verified_head_out_by_pos']}); Spearman with "
              "exact; time (estimates: fastest of the repeats; exact: one run)",
              f"{'cells':10s} {'n':>5s}  {'estimate':16s} {'verified':>8s} {'spearman':>8s} {'time s':>8s}"]
     for cells in CELLS:
         prefix = f"yardstick.{cells_key(cells)}."
-        names = [key[len(prefix):-len(".time_s")] for key in results if key.startswith(prefix) and key.endswith(".time_s")]
+        names = [key[len(prefix):-len(".time_s")] for key in results
+                 if key.startswith(prefix) and key.endswith(".time_s")]
         for name in names:
-            judged = [f"{results.get(prefix + name + measure, math.nan):8.3f}" for measure in (".verified", ".spearman")]
+            judged = [f"{results.get(prefix + name + measure, math.nan):8.3f}" for measure in (".verified",
+                                                                                               ".spearman")]
             if name == "exact":
                 judged = [f"{'':8s}"] * 2
             lines.append(f"{cells:10s} {results[prefix + 'n_cells']:5d}  {name:16s} {' '.join(judged)} "
@@ -308,7 +311,8 @@ def main() -> None:
     parser.add_argument("--label-index", type=int, default=0, help="label slot the metric reads (LEGO: variable #i)")
     parser.add_argument("--ig-steps", default="", help="comma-separated integrated-gradient step counts to time and "
                                                            "correlate too, e.g. 2,4,8 (default: none)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps the comparison fair on a busy machine)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps the comparison fair "
+                                                               "on a busy machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with warnings.catch_warnings():

@@ -1,0 +1,84 @@
+"""What several commands share: the exit statuses, the options of a training run, the tasks'
+registries loaded, a config resolved from a preset or --config and --set, and one training run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tasks import ConfigError
+
+EXIT_UNEXPECTED, EXIT_CONFIG, EXIT_DIVERGED, EXIT_WRITE = 1, 2, 3, 4
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value, e.g. --set model.tie_layers=true (repeatable)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default: the config's (auto = CUDA when present)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def load_tasks() -> list[str]:
+    """The registered tasks (every module of tasks/), once their analyses and default presets
+    (every module of interp/tasks/) are registered too."""
+    import interp.tasks  # noqa: F401 (its modules register each task's analysis and default preset)
+    from tasks import task_names
+
+    return task_names()
+
+
+def resolve_config(args: argparse.Namespace, preset: str | None, task: str | None):
+    from models.presets import default_preset, get_preset, quick_start_preset
+
+    known = load_tasks()
+    if task is not None and task not in known:
+        raise ConfigError(f"--task {task!r} is unknown; use one of {known}")
+    config_file = getattr(args, "config", None)
+    if config_file is not None:
+        if preset:
+            raise ConfigError("--config and --preset both give the configuration; use one")
+        cfg = config_from_file(config_file)
+    else:
+        name = preset or (default_preset(task) if task else quick_start_preset())
+        cfg = get_preset(name)
+    if task and cfg.task.name != task:
+        source = f"--config {config_file}" if config_file is not None else f"--preset {name}"
+        raise ConfigError(f"{source} is a {cfg.task.name} configuration but --task is {task}")
+    overrides = list(args.overrides) + ([f"train.device={json.dumps(args.device)}"] if args.device else [])
+    return cfg.with_overrides(overrides)
+
+
+def config_from_file(path: Path):
+    """A RunConfig from a JSON file, read strictly (models.runs.read_json); a run's config.json
+    works as it is (its package versions are ignored)."""
+    from models.runs import read_config_file
+
+    try:
+        return read_config_file(path)
+    except ConfigError as err:
+        raise ConfigError(f"--config: {err}") from None
+
+
+def train_run(cfg, out: Path, resume: bool, progress: bool) -> int:
+    from models.runs import RunFolder, model_sizes, out_of_memory
+    from models.train import Trainer, TrainingDiverged
+
+    try:
+        result = Trainer(cfg, out, resume=resume, progress=progress).fit()
+    except TrainingDiverged as err:
+        print(f"workbench: training diverged: {err}", file=sys.stderr)
+        return EXIT_DIVERGED
+    except RuntimeError as err:  # torch.OutOfMemoryError is one too
+        if not out_of_memory(err):
+            raise
+        if not resume:
+            RunFolder(out).remove_unstarted_run()  # so that the same --out can be used again with other settings
+        train = cfg.train
+        raise ConfigError(f"out of memory ({str(err).splitlines()[0][:200]}). The run's sizes: train.batch_size="
+                          f"{train.batch_size}, train.eval_size={train.eval_size}, train.n_train={train.n_train}, "
+                          f"{model_sizes(cfg)}; lower the one that is too large") from None
+    summary = {k: v for k, v in result.final.items() if not isinstance(v, dict)}  # tables (per pair) are left out
+    print(f"trained {result.steps} steps in {result.seconds:.1f} s -> {out}\n{json.dumps(summary)}")
+    return 0

@@ -1,0 +1,82 @@
+"""`workbench demo`: the quick start. Trains the quick-start preset (a task registers it) into a new
+or empty folder, or over a run of its own; writes its report and, beside it, the zoo's learned
+model analysed (analyses/zoo.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from analyses.cli.analyze import run as analyze
+from analyses.cli.common import add_run_options, load_tasks, resolve_config, train_run
+from analyses.cli.report import run as write_report
+from tasks import ConfigError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    demo = sub.add_parser("demo", help="train the quick-start preset's model and write its report (the quick start)")
+    demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="run folder (default: runs/demo)")
+    demo.add_argument("--no-learned", action="store_true",
+                      help="do not analyze the zoo's learned three-hop model into OUT-learned beside the demo")
+    add_run_options(demo)
+    demo.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from analyses.zoo import demo_learned
+    from models.presets import get_preset, quick_start_preset
+    from models.runs import DEMO, LOCK, RUN_FILES, atomic_write_bytes, run_lock
+    from models.snapshots import SNAPSHOTS, remove_snapshots
+
+    load_tasks()
+    preset = quick_start_preset()
+    cfg = resolve_config(args, preset, get_preset(preset).task.name)
+    started = time.perf_counter()
+    check_demo_folder(args.out)
+    with run_lock(args.out):  # nobody else writes the folder while the demo empties and retrains it
+        check_demo_folder(args.out)  # again under the lock: a run written meanwhile is not deleted
+        for path in args.out.iterdir():  # the demo starts fresh, but deletes only a run folder's own files
+            if path.name == SNAPSHOTS:
+                remove_snapshots(args.out)
+            elif path.name in RUN_FILES and path.name != LOCK:
+                path.unlink()
+        atomic_write_bytes(args.out / DEMO, json.dumps({"config": cfg.to_dict()}, indent=1).encode())
+        status = train_run(cfg, args.out, resume=False, progress=not args.no_progress)
+    if status == 0:
+        write_report(argparse.Namespace(run_dir=args.out))
+        learned = None if args.no_learned else demo_learned(args.out, analyze=analyze)
+        print(f"demo finished in {time.perf_counter() - started:.0f} s; open {args.out / 'report.html'} in a browser"
+              + (f" (and {learned / 'report.html'}, a circuit that was learned, not planted)" if learned else ""))
+    return status
+
+
+def check_demo_folder(out: Path) -> None:
+    """The demo trains into a new or empty folder, or replaces a run of its own (`_is_demo_run`);
+    any other run is refused, never deleted."""
+    from models.runs import DEMO, RUN_FILES, RunFolder, is_own_temp
+
+    if not _is_demo_run(out):
+        folder = RunFolder(out, named_by="--out")
+        folder.check_usable()
+        if folder.holds_run():
+            raise ConfigError(f"--out {out} holds a run that is not a demo run (no {DEMO} recording its config); the "
+                              f"demo replaces only its own runs: choose another folder, or delete that run yourself")
+        return
+    others = sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not is_own_temp(p.name))
+    if others:
+        raise ConfigError(f"--out {out} holds files that are not a run's ({', '.join(others[:5])}); choose a new or "
+                          "empty folder")
+
+
+def _is_demo_run(out: Path) -> bool:
+    """Whether `out` holds a run the demo wrote: its demo.json records the config that its
+    config.json holds (or the demo stopped before writing config.json)."""
+    from models.runs import CONFIG, DEMO, read_config, read_json
+
+    try:
+        recorded = read_json(out / DEMO)
+        return not (out / CONFIG).exists() or read_config(out).to_dict() == recorded["config"]
+    except (OSError, ValueError, TypeError, KeyError, ConfigError):  # no marker, or a damaged one or config
+        return False
