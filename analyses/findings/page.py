@@ -27,21 +27,21 @@ def slug(text: str) -> str:
 
 
 def inline(text: str, base: Path, images: dict[str, Path]) -> str:
-    """Escape `text`, then turn its code spans, images, links and emphasis into HTML."""
-    parts = re.split(r"(`[^`]*`)", text)
-    out = []
-    for part in parts:
-        if part.startswith("`") and part.endswith("`") and len(part) > 1:
-            out.append(f"<code>{html.escape(part[1:-1])}</code>")
-            continue
-        part = IMAGE.sub(lambda m: "\0IMG" + str(len(out)) + "|" + m.group(1) + "|" + m.group(2) + "\0", part)
-        part = html.escape(part, quote=False)
-        part = re.sub(r"\0IMG\d+\|([^|]*)\|([^\0]*)\0", lambda m: image_tag(m.group(1), m.group(2), base, images), part)
-        part = LINK.sub(lambda m: f'<a href="{html.escape(href(m.group(2), base), quote=True)}">{m.group(1)}</a>', part)
-        part = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", part)
-        part = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<em>\1</em>", part)
-        out.append(part)
-    return "".join(out)
+    """Escape `text`, then turn its code spans, images, links and emphasis into HTML. Code spans
+    and images are set aside first, so that emphasis may span them and nothing inside them is read."""
+    kept: list[str] = []
+
+    def keep(fragment: str) -> str:
+        kept.append(fragment)
+        return f"\0{len(kept) - 1}\0"
+
+    text = re.sub(r"`([^`]+)`", lambda m: keep(f"<code>{html.escape(m.group(1))}</code>"), text)
+    text = IMAGE.sub(lambda m: keep(image_tag(m.group(1), m.group(2), base, images)), text)
+    text = html.escape(text, quote=False)
+    text = LINK.sub(lambda m: f'<a href="{html.escape(href(m.group(2), base), quote=True)}">{m.group(1)}</a>', text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
+    text = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<em>\1</em>", text)
+    return re.sub(r"\0(\d+)\0", lambda m: kept[int(m.group(1))], text)
 
 
 def href(target: str, base: Path) -> str:
