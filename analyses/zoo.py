@@ -147,7 +147,7 @@ ENTRIES = [
                (f"model.init_gamma={gamma}", "train.seed=1", "train.compile=true"),
                f"2 layers under the matched protocol (the composite-matched preset, compiled fp32, seed 1), gamma "
                f"{gamma}, trained to the stop rule: the {kind} corner of the pair that finding 2 compares "
-               f"(analyses/RESULTS.md, \"Findings 2-4 on one protocol's pair\")")
+               f"(analyses/lab/composite-mechanism.md, \"Findings 2-4 on one protocol's pair\")")
       for kind, gamma in (("inferential", 0.9), ("symmetric", 0.5))),
     ZooEntry("composite-symmetric", "composite-cpu", ("train.steps=600", "model.init_gamma=0.5"),
              "2 layers, gamma 0.5: answers held-out pairs symmetrically (cpu phase diagram)"),

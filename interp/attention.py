@@ -35,7 +35,7 @@ variable looks up its parent, the other four tokens look elsewhere), and averagi
 hides it. Scored from the right-hand variable alone, association is direction-aware: there its
 only target is the parent's left-hand variable. On the zoo's learned LEGO models this raises the
 share of heads carrying a hop (by exact patching) that get a hop label from 9 of 40 to 26 of 40
-(analyses/RESULTS.md, "The classifier against patching"). A role is scored where it has at least
+(analyses/lab/workbench-circuits.md, "The classifier against patching"). A role is scored where it has at least
 MIN_ROLE_QUERIES counted queries; where none has, the kind is averaged over all its queries. Roles
 are used only where they recur, every role in at least two segments of a sequence on average (LEGO's
 clauses); a task whose one segment is the whole sequence (a sum `a + b =`) has one position per

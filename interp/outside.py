@@ -69,7 +69,7 @@ OUTSIDE_THRESHOLDS = {"previous": DEFAULT_THRESHOLDS["previous"], "self": DEFAUL
                       "induction": 0.36}
 # induction: measured by `interp.toy_induction.calibrate_induction()`, the midpoint between the
 # highest score of a randomly initialised copy of hand_set_induction_model's architecture (0.002,
-# 3 seeds) and its hand-set induction head (0.72); analyses/RESULTS.md, "The classifier against patching"
+# 3 seeds) and its hand-set induction head (0.72); analyses/lab/workbench-circuits.md, "The classifier against patching"
 
 
 # ---------------------------------------------------------------------------------------------

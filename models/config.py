@@ -139,7 +139,7 @@ class TrainConfig:
     mimic_steps: before step 0, this many steps of mimicking pre-training on random tokens
       (heads 0 and 1 of every layer imitate conv and same-token patterns; models/mimic.py).
     compile: run the training forward and backward through torch.compile (the first steps
-      pay its warm-up; what it costs and gains: analyses/RESULTS.md, section "Benchmarks");
+      pay its warm-up; what it costs and gains: analyses/lab/workbench-runs.md, section "Benchmarks");
       evaluation stays eager.
     precision: "fp32", or "bf16" autocast for the training forward (where the device has bf16
       kernels); weights, optimizer and evaluation stay fp32. Only fp32 without compile gives
@@ -153,7 +153,7 @@ class TrainConfig:
       (resume does not continue it), with its last checkpoint at that step; the lr schedule stays
       that of `steps`.
     plateau_min_steps: the stop rule never ends a run before this step, for a plateau that comes
-      before a late rise (the case that asked for it: analyses/RESULTS.md, section "Protocol
+      before a late rise (the case that asked for it: analyses/lab/composite-protocol.md, section "Protocol
       ablation, stage 2", paragraph "The stop rule on the gamma 0.3 stall").
     plateau_watch: metric names (e.g. held_out_inferential, held_out_symmetric) that must have
       settled too before the rule stops the run: over the last `plateau_evals` evaluations each

@@ -48,7 +48,7 @@ MIMIC = "mimic.json"  # losses of mimicking pre-training, when the run had any
 INIT = "init.json"  # where the starting weights came from, when `train.init_from` named a run
 ANALYSIS, REPORT = "analysis.json", "report.html"
 DEMO = "demo.json"  # written by `workbench demo`: the config of its run, which marks the folder as the demo's
-ERROR_LOG = "workbench-error.log"  # the traceback of a command's unexpected error (analyses/cli.py)
+ERROR_LOG = "workbench-error.log"  # the traceback of a command's unexpected error (analyses/cli/guards.py)
 TIMELINE = "timeline.json"  # written by `workbench analyze --timeline` (interp/timeline.py)
 RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK, DEMO, ERROR_LOG, SNAPSHOTS,
              TIMELINE}  # what a run folder may hold

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LEGO with as many layers as variables on one GPU (issue 27; analyses/RESULTS.md, "8 layers for 8
+# LEGO with as many layers as variables on one GPU (issue 27; analyses/lab/lego-depth.md, "8 layers for 8
 # variables"): plain models (nothing planted, mimicked or warm-started) taught by the curriculum,
 # n = 8, #0-#4 supervised, 8 layers, fp32 as the CPU runs, trained side by side, then each analysed
 # (`workbench analyze` on its last stage: per-variable accuracy, parity rules, percolation).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Solution timelines on one GPU (issue 40; analyses/RESULTS.md, "Solutions through training"): the
+# Solution timelines on one GPU (issue 40; analyses/lab/workbench-runs.md, "Solutions through training"): the
 # runs whose questions are about *when*, trained side by side with snapshots, then each one's
 # `workbench analyze --timeline`.
 #

@@ -201,10 +201,11 @@ def lego_curves(metrics: list[dict[str, Any]], supervised: list[bool]) -> plt.Fi
     return fig
 
 
-# what a planted LEGO model is not, and where to look instead (analyses/RESULTS.md, "The #2 plateau")
+# what a planted LEGO model is not, and where to look instead (analyses/lab/lego-recipes.md, "The #2 plateau")
 PLANTED_NOTE = (
-    "No plain LEGO model from random init has learned the association hop at this shape on CPU (26 letters, batch "
-    "128: analyses/RESULTS.md, \"The #2 plateau\"). Plain models that did learn it, nothing planted or mimicked: "
+    "No plain LEGO model from random init has learned the association hop at this shape on CPU (26 letters, "
+    "batch 128: analyses/lab/lego-recipes.md, \"The #2 plateau\"). Plain models that did learn it, nothing planted "
+    "or mimicked: "
     "<code>workbench analyze zoo/lego-association</code> (six letters, batch 512, one hop; L2H3 is a learned "
     "association head) and <code>zoo/lego-three-hops</code> (a curriculum from it: n = 8, #0-#4, three hops).")
 

@@ -18,7 +18,7 @@ from transformer_lens import HookedTransformer
 from interp.probes import ProbeSet, layer_names, probe_grid, rounded
 from tasks import Batch, LegoTask, seeded_generator
 
-FIRST_REACH_THRESHOLD = 0.95  # DESIGN.md: a depth is "solved" at a layer once its probe reaches 95%
+FIRST_REACH_THRESHOLD = 0.95  # a depth is "solved" at a layer once its probe reaches it (docs/analysis.md, Probes)
 MIN_PERCOLATION_DEPTHS = 3  # resolved depths a slope is fitted on: through two, any line fits exactly
 
 # ---------------------------------------------------------------------------------------------

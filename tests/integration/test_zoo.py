@@ -138,7 +138,7 @@ def test_the_hop_breakdown_reads_a_solved_hop_and_the_zero_hop_rule(runs):
 
 
 def test_the_six_letter_model_learned_the_hop_for_one_letter_and_the_workbench_finds_its_head(runs):
-    """RESULTS.md, "What the six-letter models know of the hop": learned from random init, no
+    """analyses/lab/lego-recipes.md, "What the six-letter models know of the hop": learned from random init, no
     planted or mimicked heads; #2 right whenever the parent is d; L1H3 looks at d's clause."""
     from analyses.research.plateau import hop_breakdown
 
@@ -153,7 +153,7 @@ def test_the_six_letter_model_learned_the_hop_for_one_letter_and_the_workbench_f
 
 
 def test_at_batch_512_a_plain_model_learns_the_hop_and_the_workbench_labels_its_association_heads(runs):
-    """RESULTS.md, "Batch 512": learned from random init, nothing planted or mimicked; #0-#2 right;
+    """analyses/lab/lego-recipes.md, "Batch 512": learned from random init, nothing planted or mimicked; #0-#2 right;
     heads of layer 2 are labelled association, and the hop's effect on #2 runs through them."""
     run = runs("lego-association")
     assert run.config.heads_origin == "learned" and run.metrics[-1]["acc_per_var"][:3] == [1.0, 1.0, 1.0]
@@ -165,7 +165,7 @@ def test_at_batch_512_a_plain_model_learns_the_hop_and_the_workbench_labels_its_
 
 @pytest.mark.parametrize("name", ["lego-three-hops-n6", "lego-three-hops"])
 def test_a_curriculum_of_plain_models_follows_three_hops_through_heads_the_workbench_labels(runs, name):
-    """RESULTS.md, "Three hops": lego-association (one hop, learned) trained on #0-#4, then on
+    """analyses/lab/lego-recipes.md, "Three hops": lego-association (one hop, learned) trained on #0-#4, then on
     n = 8: every supervised variable >= 98% with the chain's true rule, #4 three hops from #1;
     a learned association head and a learned manipulation head each carry >= 0.3 of the
     normalised effect of an element the answer reaches only through hops."""
@@ -187,7 +187,7 @@ def test_a_curriculum_of_plain_models_follows_three_hops_through_heads_the_workb
 
 
 def test_a_learned_albert_follows_three_hops_through_heads_the_classifier_labels_by_role(runs):
-    """RESULTS.md, "The curriculum as one command": ALBERT seed 1 of the cpu-scale study (tied
+    """analyses/lab/lego-recipes.md, "The curriculum as one command": ALBERT seed 1 of the cpu-scale study (tied
     layers, the lego-three-hops-albert curriculum, nothing planted or mimicked) fits #0-#4 of n = 8
     with the true rule; #1's element reaches #4 through L0H2 (.84) and L1H1 (.70). Averaged over
     every query the classifier labelled every head mixed; scored by role ("The classifier against
@@ -207,10 +207,11 @@ def test_a_learned_albert_follows_three_hops_through_heads_the_classifier_labels
 
 
 def test_the_classifier_check_counts_carriers_and_labels_before_and_after_with_their_evidence(capsys):
-    """`python -m analyses.research.classifier_check` on the zoo's three-hop model (analyses/RESULTS.md, "Labels
-    against patching"): L3H3 looks up the parent clause and is used; L3H0, mixed before, reads #2's
-    clause from everywhere (the depth kind) and carries the hop; no head carrying < 0.05 is shown as
-    a used hop head after, one is before (L1H2, a manipulation head the answer does not depend on)."""
+    """`python -m analyses.research.classifier_check` on the zoo's three-hop model
+    (analyses/lab/workbench-circuits.md, "Labels against patching"): L3H3 looks up the parent clause
+    and is used; L3H0, mixed before, reads #2's clause from everywhere (the depth kind) and carries
+    the hop; no head carrying < 0.05 is shown as a used hop head after, one is before (L1H2, a
+    manipulation head the answer does not depend on)."""
     from analyses.research.classifier_check import main
 
     assert main(["zoo/lego-three-hops", "--n-pairs", "32"]) == 0
@@ -227,7 +228,7 @@ def test_the_classifier_check_counts_carriers_and_labels_before_and_after_with_t
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_12_layer_albert_extrapolates_by_the_chain_and_the_bert_does_not(runs, seed):
-    """analyses/RESULTS.md, "12 layers for 12 variables" (the LEGO paper's shape at d_model 64, built on
+    """analyses/lab/lego-depth.md, "12 layers for 12 variables" (the LEGO paper's shape at d_model 64, built on
     an H100 by analyses/gpu/zoo.sh): both fit #0-#5; ALBERT answers #6 by the chain's true rule, BERT
     a little above chance."""
     albert, bert = runs(f"lego12-albert-s{seed}"), runs(f"lego12-bert-s{seed}")
@@ -243,7 +244,7 @@ def test_the_12_layer_albert_extrapolates_by_the_chain_and_the_bert_does_not(run
 @pytest.mark.parametrize(("name", "verdict"), [("composite-matched-inferential", "inferential"),
                                                ("composite-matched-symmetric", "symmetric")])
 def test_the_matched_protocol_pair_answers_held_out_pairs_as_named(runs, name, verdict):
-    """analyses/RESULTS.md, "Findings 2-4 on one protocol's pair": under the matched protocol, seed 1,
+    """analyses/lab/composite-mechanism.md, "Findings 2-4 on one protocol's pair": under the matched protocol, seed 1,
     depth 2, gamma 0.9 composes the primitives on held-out pairs and gamma 0.5 answers them
     symmetrically."""
     run = runs(name)

@@ -1,7 +1,8 @@
-"""The docs stand on their own: every relative link in README.md, CONTRIBUTING.md and docs/*.md
-resolves to a file in the repository (and its #anchor, if any, to a heading of that file, by
-GitHub's rules); nothing points outside the repository; the README stays short, its commands
-parse and its Python example compiles."""
+"""The docs stand on their own: every relative link in README.md, CONTRIBUTING.md, docs/*.md, the
+findings page (analyses/RESULTS.md) and the lab notebook (analyses/lab/*.md) resolves to a file in
+the repository (and its #anchor, if any, to a heading of that file, by GitHub's rules); nothing
+points outside the repository; the README stays short, its commands parse and its Python example
+compiles."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-DOCS = sorted([README, ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
+# The findings page and its lab notebook are checked too: their links hold the findings together.
+DOCS = sorted([README, ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md"), ROOT / "analyses" / "RESULTS.md",
+               *(ROOT / "analyses" / "lab").glob("*.md")])
 README_MAX_LINES = 170
 # Written by another engineer (using the workbench on your own HookedTransformer and prompts); it
 # is linked before it exists, so a link to this one file is skipped while the file is absent.

@@ -21,9 +21,8 @@ CITED_PATH = re.compile(r"(?<![\w/.*<>{}-])((?:docs|tasks|models|interp|analyses
                         r"\.(?:py|md|json|ipynb|txt))(?![\w/*])")
 # A bare upper-case markdown file, e.g. `RESULTS.md` or `CONTRIBUTING.md`: it must exist in some folder.
 CITED_NAME = re.compile(r"(?<![\w/.*<>{}-])([A-Z][A-Z_]*\.md)\b")
-# Cited by files that other changes of issue 42 move or split (models/presets.py, interp/tasks/lego.py,
-# analyses/studies/, analyses/notebooks/); the citations are replaced there, and this set emptied.
-PENDING = {"PAPERS.md": "docs/papers.md", "DESIGN.md": "docs/design.md"}
+# Names a citation may still use while the files citing them are being moved (empty: none may).
+PENDING: dict[str, str] = {}
 
 
 def _files(pattern: str, folders: tuple[str, ...] | None = None) -> list[Path]:

@@ -1,0 +1,39 @@
+"""`python -m analyses.findings`: draw the findings page's figures from committed data and write
+the page (analyses/RESULTS.md) as one self-contained HTML file.
+
+  python -m analyses.findings                       # figures into analyses/findings/figures/ (the
+                                                    # committed ones), the page into runs/findings/
+  python -m analyses.findings --figures DIR --out DIR --page FILE"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from analyses.findings.figures import ROOT, draw_all
+from analyses.findings.page import render_page
+
+PAGE = ROOT / "analyses" / "RESULTS.md"
+FIGURES_DIR = Path(__file__).resolve().parent / "figures"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analyses.findings", description=__doc__.splitlines()[0])
+    parser.add_argument("--figures", type=Path, default=FIGURES_DIR, help="where the PNGs go (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("runs/findings"),
+                        help="where findings.html goes (default: %(default)s)")
+    parser.add_argument("--page", type=Path, default=PAGE, help="the markdown page to render (default: %(default)s)")
+    args = parser.parse_args(argv)
+    figures = draw_all(args.figures)
+    args.out.mkdir(parents=True, exist_ok=True)
+    page = args.out / "findings.html"
+    markdown = args.page.read_text()
+    page.write_text(render_page(markdown, args.page.resolve().parent, {p.name: p for p in figures}, "Findings"))
+    for path in [*figures, page]:
+        print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The findings page (analyses/RESULTS.md): `python -m analyses.findings` draws its three figures
+from the committed data and writes it as one self-contained HTML file; every figure the page shows
+is committed, small and drawn by the command; the page's scoreboard agrees with the lab notebook's;
+every data file names a lab section that exists."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from analyses.findings.__main__ import main
+from analyses.findings.figures import DATA, FIGURES
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "analyses" / "RESULTS.md"
+LAB_SCOREBOARD = ROOT / "analyses" / "lab" / "scoreboard.md"
+FIGURE_LIMIT = 150_000  # bytes per committed PNG
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+STATUS = re.compile(r"\*\*(reproduced|partly|not reproduced)\b[^*]*\*\*")  # "**reproduced in ...**" too
+SECTION = re.compile(r"(analyses/lab/[\w-]+\.md), section '(.+?)'(?=[,:\"]|$)")
+
+
+def scoreboard_rows(text: str) -> dict[str, str]:
+    """{finding: its status} from the first table whose rows start with `| LEGO 1` ... ."""
+    rows = {}
+    for line in text.splitlines():
+        match = re.match(r"^\| \[?((?:LEGO|Composite|Templates) \d)\]?", line)
+        if match and match.group(1) not in rows:
+            cells = line.split(" | ")
+            rows[match.group(1)] = next(STATUS.search(c).group(1) for c in cells[1:] if STATUS.search(c))
+    return rows
+
+
+def test_the_command_writes_the_three_figures_and_the_page(tmp_path):
+    assert main(["--figures", str(tmp_path / "fig"), "--out", str(tmp_path / "out")]) == 0
+    pngs = sorted(p.name for p in (tmp_path / "fig").iterdir())
+    assert pngs == sorted(FIGURES)
+    for name in pngs:
+        data = (tmp_path / "fig" / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and 10_000 < len(data) < FIGURE_LIMIT, (name, len(data))
+    html = (tmp_path / "out" / "findings.html").read_text()
+    assert html.count('src="data:image/png;base64,') == len(FIGURES)
+    assert "<table>" in html and 'id="scoreboard-the-papers-16-findings"' in html
+    assert not re.search(r'src="(?!data:)', html), "the page must load nothing from outside itself"
+
+
+def test_every_figure_the_page_shows_is_committed_small_and_drawn_by_the_command():
+    shown = IMAGE.findall(PAGE.read_text())
+    assert sorted(Path(target).name for target in shown) == sorted(FIGURES)
+    for target in shown:
+        path = PAGE.parent / target
+        assert path.is_file(), f"RESULTS.md shows {target}, which does not exist"
+        assert path.stat().st_size < FIGURE_LIMIT, f"{target}: {path.stat().st_size} bytes"
+
+
+def test_the_page_s_scoreboard_keeps_the_lab_notebook_s_statuses():
+    page, lab = scoreboard_rows(PAGE.read_text()), scoreboard_rows(LAB_SCOREBOARD.read_text())
+    assert len(page) == 16 and page == lab
+    counts = {status: list(page.values()).count(status) for status in ("reproduced", "partly", "not reproduced")}
+    assert counts == {"reproduced": 3, "partly": 11, "not reproduced": 2}
+    assert "**3 are reproduced, 11 partly and 2 not**" in PAGE.read_text()
+
+
+@pytest.mark.parametrize("data_file", sorted(p.name for p in DATA.glob("*.json")))
+def test_every_data_file_names_a_lab_section_that_exists(data_file):
+    text = (DATA / data_file).read_text()
+    json.loads(text)
+    sources = SECTION.findall(text)
+    assert sources, f"{data_file} names no lab section its numbers come from"
+    for lab_file, title in sources:
+        headings = [line.lstrip("#").strip() for line in (ROOT / lab_file).read_text().splitlines()
+                    if line.startswith("#")]
+        assert title in headings, f"{data_file}: {lab_file} has no section {title!r}"
