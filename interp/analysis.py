@@ -109,6 +109,17 @@ Verdict = Finding  # the task's verdict: which solution the model found, with it
 Probes = Finding  # the task's probe map
 
 
+def task_findings(steps: TaskAnalysis, run: LoadedRun, seed: int) -> tuple[Probes | None, Verdict]:
+    """`steps.findings(run, seed)`, checked: a verdict (and a probe map, where there is one) that
+    cannot write itself to analysis.json is the task's error, named as such, not the workbench's."""
+    probes, verdict = steps.findings(run, seed)
+    for what, found in (("verdict", verdict), ("probe map", probes)):
+        if (found is not None or what == "verdict") and not callable(getattr(found, "to_dict", None)):
+            raise TaskContractError(f"task {run.config.task.name!r}: its analysis's findings gave a {what} without "
+                                    f"to_dict() (a {type(found).__name__}; see docs/tasks.md, 'The analysis contract')")
+    return probes, verdict
+
+
 @dataclass
 class RunAnalysis:
     """What `workbench analyze` found in one run, as the objects that measured it; `to_dict` is
@@ -307,7 +318,7 @@ def analyze_run(
         evidence = head_evidence(run.model, heads, steps.share_probe(run, seed), task=run.task)
     else:  # the patching section's own pairs, whose per-head sweep is already measured
         evidence = head_evidence(run.model, heads, default_share_probe(run, seed), patching.heads.values, run.task)
-    probes, verdict = steps.findings(run, seed)
+    probes, verdict = task_findings(steps, run, seed)
     if steps.circuit_findings is not None:
         verdict = steps.circuit_findings(verdict, patching.circuit, _head_labels(heads, evidence),
                                          _planted_names(planted, heads))

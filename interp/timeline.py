@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from interp.analysis import TaskAnalysis, counterfactual_pairs, task_analysis
+from interp.analysis import TaskAnalysis, counterfactual_pairs, task_analysis, task_findings
 from interp.attention import classify_heads
 from interp.circuit import find_circuit
 from interp.patching import logit_diff_metric, patch_head_out
@@ -109,7 +109,7 @@ def _analyze_moment(run: LoadedRun, steps: TaskAnalysis, moment: Moment, clean: 
     started = time.perf_counter()
     device = next(run.model.parameters()).device
     at = dataclasses.replace(run, metrics=[m for m in run.metrics if m.get("step", 0) <= moment.step])
-    probes, verdict = steps.findings(at, seed)
+    probes, verdict = task_findings(steps, at, seed)
     written = verdict.to_dict()
     heads = classify_heads(run.model, run.task, tokens)
     patching, circuit = _patching(run, clean.tokens.to(device), corrupted.tokens.to(device), metric)

@@ -210,3 +210,37 @@ def test_workbench_train_refuses_a_broken_task_at_once_with_status_2(registry, t
     assert f"task 'parity': {member}" in err and f"(see {DOC_SECTION})" in err
     assert "unexpected error" not in err
     assert not out.exists()  # refused before the run folder was made: nothing trained
+
+
+class _Written:
+    def to_dict(self) -> dict:
+        return {"verdict": "learned"}
+
+
+@pytest.mark.parametrize("found, what", [((None, {"verdict": "learned"}), "a verdict without to_dict() (a dict"),
+                                         ((["map"], None), "a verdict without to_dict() (a NoneType"),
+                                         (([0.5], _Written()), "a probe map without to_dict() (a list")])
+def test_findings_that_cannot_be_written_are_the_tasks_error_naming_it(found, what):
+    """An analysis whose verdict (or probe map) has no to_dict() fails `workbench analyze` as a
+    configuration error naming the task and the doc section, not as the workbench's unexpected error."""
+    from types import SimpleNamespace
+
+    from interp.analysis import task_findings
+    from models.runs import load_run
+
+    run = load_run(ROOT / "zoo" / "composite-inferential")
+    steps = SimpleNamespace(findings=lambda run, seed: found)
+    with pytest.raises(TaskContractError, match="docs/tasks.md, 'The analysis contract'") as err:
+        task_findings(steps, run, 0)
+    assert str(err.value).startswith(f"task 'composite': its analysis's findings gave {what}")
+
+
+def test_findings_that_write_themselves_pass_unchanged():
+    from types import SimpleNamespace
+
+    from interp.analysis import task_findings
+    from models.runs import load_run
+
+    run = load_run(ROOT / "zoo" / "composite-inferential")
+    verdict = _Written()
+    assert task_findings(SimpleNamespace(findings=lambda run, seed: (None, verdict)), run, 0) == (None, verdict)
