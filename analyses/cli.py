@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 
 from analyses.circuit_cmd import add_circuit_commands
+from analyses.ensemble_runner import add_ensemble_argument
 from tasks import ConfigError
 
 EXIT_UNEXPECTED, EXIT_CONFIG, EXIT_DIVERGED, EXIT_WRITE = 1, 2, 3, 4
@@ -226,6 +227,7 @@ def _parser() -> argparse.ArgumentParser:
                                           "lr 1e-4, bias-free ReLU, up to 30,000 steps; hours per study, see "
                                           "docs/sweeps.md); default folder runs/studies/<name>-<scale>-matched")
     study.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_ensemble_argument(study)
     study.set_defaults(run=_cmd_study)
 
     sweep = sub.add_parser("sweep", help="train a grid of configs (many run folders, sweep.json, one report)",
@@ -240,6 +242,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--backend", choices=["local", "ray"], default="local", help="where cells run (default local)")
     sweep.add_argument("--address", help="with --backend ray: the cluster address (default: a local Ray instance)")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_ensemble_argument(sweep)
     sweep.set_defaults(run=_cmd_sweep)
 
     presets = sub.add_parser("presets", help="list the presets with their configurations")
@@ -265,6 +268,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--snapshots", action="store_true",
                        help="instead: training time and disk with the default snapshots against none (lego-cpu, "
                             "composite-matched), side by side")
+    bench.add_argument("--ensemble", type=int, metavar="K",
+                       help="instead: K members one after another against one ensemble of K, per shape (with "
+                            "--device cuda the GPU shapes too)")
     bench.set_defaults(run=_cmd_benchmark)
     add_circuit_commands(sub)  # circuit-export, circuit-compare (analyses/circuit_cmd.py)
     return parser
@@ -550,7 +556,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results = run_study(args.name, args.out, args.scale, workers=args.workers, backend=args.backend,
                         address=args.address, progress=not args.no_progress, seeds=args.seeds,
-                        overrides=args.overrides, gammas=args.gammas, protocol=args.protocol)
+                        overrides=args.overrides, gammas=args.gammas, protocol=args.protocol, ensemble=args.ensemble)
     print(json.dumps(results.get("headline", {}), default=str))
     print(f"study {args.name} ({args.scale}) finished in {time.perf_counter() - started:.0f} s; "
           f"see {results.get('report', 'its folder')}")
@@ -587,7 +593,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         check_ray_address(args.address)  # so is the cluster's address (within seconds)
     with run_lock(args.out):  # one sweep per folder: a second one exits 2 at once, naming the first, and changes nothing
         index = run_sweep(base, grid, args.out, preset=args.preset, workers=args.workers,
-                          backend=args.backend, address=args.address, progress=not args.no_progress)
+                          backend=args.backend, address=args.address, progress=not args.no_progress,
+                          ensemble=args.ensemble)
     print(f"sweep of {len(index['cells'])} cells: {json.dumps(index['counts'])} in {index['wall_seconds']:.0f} s; "
           f"see {args.out / 'sweep.json'} and {args.out / 'report.html'}")
     for name, cell in index["cells"].items():
@@ -644,6 +651,11 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
+    if args.ensemble is not None:
+        from analyses.bench_ensemble import run_ensemble_benchmark
+
+        run_ensemble_benchmark(args.ensemble, args.device or "cpu", quick=args.quick)
+        return 0
     if args.snapshots:
         from analyses.bench_snapshots import run_snapshot_benchmark
 

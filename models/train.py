@@ -1,7 +1,10 @@
 """The trainer: AdamW with warm-up + cosine, loss only on supervised labels, periodic evaluation
 on held-out data, atomic resumable checkpoints, and a stop with a clear message on divergence.
 
-`Trainer.fit()` is short and delegates to `_train_step`, `_evaluate` and `_checkpoint`.
+A `Trainer` is one run's state: config, task, data generators, schedule, stop rule, run folder,
+metrics and snapshots. `Trainer.fit()` trains it as an ensemble of one (models/ensemble.py, the one
+training loop): `_train_step` steps its own model, `after_step` evaluates and checkpoints. Several
+Trainers of one shape train as one stacked ensemble, each still writing its own run folder.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ import dataclasses
 import inspect
 import math
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +20,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from models.config import RunConfig, TrainConfig
 from models.device import (  # re-exported: models.train is where callers import them from
     bf16_supported,
     check_precision,
     cuda_deterministic,  # noqa: F401
-    deterministic_kernels,
     resolve_device,
     to_device,
     training_precision,
@@ -184,6 +184,7 @@ class Trainer:
         # checked before anything is written; a resumed run starts from its own checkpoint instead
         self.init = None if resume or cfg.train.init_from is None else starting_weights(cfg, self.model, Path(cfg.train.init_from))
         self.snapshots = self._snapshot_keeper()
+        self.pull = None  # set by a stacked ensemble (models/ensemble.py): copies this member's state out
 
     def _snapshot_keeper(self) -> SnapshotKeeper | None:
         """What keeps the run's snapshots (models/snapshots.py); None with train.snapshots=0."""
@@ -228,37 +229,49 @@ class Trainer:
         return torch.optim.AdamW(groups, lr=train.lr, fused=True if self.device.type == "cuda" else None)
 
     def fit(self) -> TrainResult:
-        # denormal floats make CPU matmuls several times slower once small weights decay (large
-        # init, gamma ~0.3); flushing them to zero changes no result we measure
-        torch.set_flush_denormal(True)
-        with self.folder.lock(), deterministic_kernels(self.device):
-            return self._fit()
+        """Train the run: an ensemble of one (models/ensemble.py, `fit_members`), which trains
+        this model itself, step by step, as it always has."""
+        from models.ensemble import fit_members
 
-    def _fit(self) -> TrainResult:
-        self._restore() if self.resume else self._start()
+        return fit_members([self], progress=self.progress)[0]
+
+    def begin_loop(self) -> None:
+        """Ready for the training loop, after `_start` or `_restore`: the clock, and whether the
+        stop rule ended this run already (a resumed run it stopped)."""
+        self.record: dict[str, Any] = {}
+        self.started = time.perf_counter() - self.elapsed
+        self.stopped = bool((self.folder.metrics() or [{}])[-1].get("stopped"))
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.cfg.train.steps or self.stopped
+
+    def after_step(self) -> None:
+        """What follows a training step: the scheduled snapshot, the evaluation (and the stop
+        rule) and the checkpoint where they are due. In an ensemble `own_weights` first copies
+        this member's weights and optimizer state out of the stacked ones."""
         train = self.cfg.train
-        # in a log file (no terminal) one line every 30 s, not a redraw every second
-        interval = 1.0 if sys.stderr.isatty() else 30.0
-        bar = tqdm(total=train.steps, initial=self.step, disable=not self.progress, desc=self.folder.path.name,
-                   dynamic_ncols=True, mininterval=interval)
-        record: dict[str, Any] = {}
-        started = time.perf_counter() - self.elapsed
-        stopped = bool((self.folder.metrics() or [{}])[-1].get("stopped"))  # a resumed run the rule ended
-        while self.step < train.steps and not stopped:
-            self._train_step(self._next_batch())
-            self.step += 1
-            if self.snapshots is not None and self.snapshots.due(self.step):
-                self.snapshots.after_step(self.step, unique_parameters(self.model))
-            bar.update(1)
-            self.elapsed = time.perf_counter() - started
-            if self.step % train.eval_every == 0 or self.step == train.steps:
-                record = self._evaluate()
-                stopped = bool(record.get("stopped"))
-                bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=_headline(record, self.task.headline_metric))
-            if self.step % train.checkpoint_every == 0 or self.step == train.steps or stopped:
-                self._checkpoint()
-        bar.close()
-        return TrainResult(self.step, self.elapsed, record or (self.folder.metrics() or [{}])[-1])
+        self.step += 1
+        if self.snapshots is not None and self.snapshots.due(self.step):
+            self.own_weights()
+            self.snapshots.after_step(self.step, unique_parameters(self.model))
+        self.elapsed = time.perf_counter() - self.started
+        if self.step % train.eval_every == 0 or self.step == train.steps:
+            self.own_weights()
+            self.record = self._evaluate()
+            self.stopped = bool(self.record.get("stopped"))
+        if self.step % train.checkpoint_every == 0 or self.step == train.steps or self.stopped:
+            self.own_weights()
+            self._checkpoint()
+
+    def own_weights(self) -> None:
+        """Make `self.model` and `self.optimizer` hold this run's current weights and state: they
+        do, unless a stacked ensemble trains it (which sets `self.pull`)."""
+        if self.pull is not None:
+            self.pull(self)
+
+    def result(self) -> TrainResult:
+        return TrainResult(self.step, self.elapsed, self.record or (self.folder.metrics() or [{}])[-1])
 
     def _start(self) -> None:
         """A new run, if the folder may receive it (`RunFolder.check_receives`), asked under its
@@ -431,11 +444,6 @@ def _settled(values: list[Any], tol: float) -> bool:
     if any(not isinstance(v, (int, float)) for v in values):
         return False
     return max(values) - min(values) <= tol
-
-
-def _headline(record: dict[str, Any], metric: str) -> str:
-    value = record.get(metric)
-    return "-" if value is None else f"{value:.3f}"
 
 
 def train_or_load(cfg: RunConfig, run_dir: str | Path, progress: bool = True) -> LoadedRun:
