@@ -28,6 +28,7 @@ from models.safe_files import (
     LOCK,
     RunFolderError,
     atomic_write_bytes,
+    is_own_temp,  # noqa: F401  (re-exported: analyses/demo.py imports it from here)
     locked_here,
     read_json,
     read_regular,

@@ -26,6 +26,7 @@ from models.device import (  # re-exported: models.train is where callers import
     bf16_supported,
     check_precision,
     cuda_deterministic,  # noqa: F401
+    deterministic_kernels,  # noqa: F401
     resolve_device,
     to_device,
     training_precision,
