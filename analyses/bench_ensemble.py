@@ -39,7 +39,8 @@ def ensemble_shapes(device: torch.device, quick: bool = False) -> dict:
         cut = [] if device.type == "cuda" else [f"train.batch_size={CPU_BIG_BATCH}"]
         shapes[name] = cfg.with_overrides(["train.precision=fp32", "train.n_train=null", *cut])
     if quick:  # a test of the command's shape: tiny batches, the small shapes only
-        shapes = {name: shapes[name].with_overrides(["train.batch_size=4"]) for name in ("composite-matched", "lego-cpu")}
+        shapes = {name: shapes[name].with_overrides(["train.batch_size=4"])
+                  for name in ("composite-matched", "lego-cpu")}
     return shapes
 
 
@@ -86,6 +87,7 @@ def run_ensemble_benchmark(k: int, device_name: str = "cpu", quick: bool = False
     if k < 1:
         raise ValueError(f"--ensemble {k}: K must be >= 1")
     device = resolve_device(device_name, setting="benchmark --device")
+    torch.set_flush_denormal(True)  # as the trainer does (models/ensemble.py, fit_members)
     cuda = device.type == "cuda"
     # the GPU's bf16 peak (what the figures are against); the CPU's fp32 one, the ensemble's precision
     dtype, size = peak_matmul(device) if cuda else (torch.float32, 1024)

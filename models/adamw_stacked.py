@@ -21,9 +21,16 @@ BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, which the trainer uses
 EPS = 1e-8
 
 
-def per_member(values: list[float], like: Tensor) -> Tensor:
-    """A float32 column [K, 1, ...] of per-member scalars, to broadcast over `like` [K, ...]."""
-    return torch.tensor(values, dtype=like.dtype, device=like.device).reshape(-1, *[1] * (like.dim() - 1))
+def per_member(values: list[float], like: Tensor, cache: dict | None = None) -> Tensor:
+    """A float32 column [K, 1, ...] of per-member scalars, to broadcast over `like` [K, ...]. With
+    `cache` (one step's), equal columns are made once: on a GPU each is a copy from the host."""
+    key = (tuple(values), like.dim())
+    if cache is not None and key in cache:
+        return cache[key]
+    column = torch.tensor(values, dtype=like.dtype, device=like.device).reshape(-1, *[1] * (like.dim() - 1))
+    if cache is not None:
+        cache[key] = column
+    return column
 
 
 class StackedAdamW:
@@ -48,6 +55,7 @@ class StackedAdamW:
         param group's lr_scale). A parameter without a gradient (unused by the forward) is left
         alone, state included, as torch's AdamW leaves it."""
         beta1, beta2 = BETAS
+        cache: dict = {}
         for name, p in self.params.items():
             grad = grads.get(name)
             if grad is None:
@@ -57,15 +65,15 @@ class StackedAdamW:
             lr = [lrs[k] * scale for k, scale in enumerate(self.lr_scale[name])]
             decay = self.weight_decay[name]
             if any(w != 0 for w in decay):  # x * 1.0 is x, so a member without decay is unchanged
-                p.mul_(per_member([1 - lr[k] * w for k, w in enumerate(decay)], p))
+                p.mul_(per_member([1 - lr[k] * w for k, w in enumerate(decay)], p, cache))
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             step_size = [lr[k] / (1 - beta1**s) for k, s in enumerate(steps)]
             bias_correction2_sqrt = [(1 - beta2**s) ** 0.5 for s in steps]
-            denom = (exp_avg_sq.sqrt() / per_member(bias_correction2_sqrt, p)).add_(EPS)
+            denom = (exp_avg_sq.sqrt() / per_member(bias_correction2_sqrt, p, cache)).add_(EPS)
             # addcdiv_(exp_avg, denom, value=-step_size) computes self + value * t1 / t2, in that order
-            p.add_(per_member([-s for s in step_size], p) * exp_avg / denom)
+            p.add_(per_member([-s for s in step_size], p, cache) * exp_avg / denom)
 
 
 @torch.no_grad()

@@ -57,7 +57,8 @@ def bf16_supported(device: torch.device) -> bool:
 
 def check_precision(device: torch.device, precision: str) -> None:
     if precision == "bf16" and not bf16_supported(device):
-        raise ConfigError(f"train.precision='bf16' but this {device.type} device has no bf16 kernels; use train.precision=fp32")
+        raise ConfigError(f"train.precision='bf16' but this {device.type} device has no bf16 kernels; "
+                          "use train.precision=fp32")
 
 
 def training_precision(device: torch.device, precision: str):

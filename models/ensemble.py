@@ -99,11 +99,12 @@ def _loop(members: list[Trainer], progress: bool, desc: str | None) -> list[Any]
     for member in members:
         member.begin_loop()
     bar = tqdm(total=sum(m.cfg.train.steps for m in members), initial=sum(m.step for m in members),
-               disable=not progress, desc=members[0].folder.path.name if lone else desc or f"ensemble of {len(members)}",
+               disable=not progress,
+               desc=members[0].folder.path.name if lone else desc or f"ensemble of {len(members)}",
                dynamic_ncols=True, mininterval=interval)
     ended: dict[int, Any] = {}
     active = [m for m in members if not m.finished]
-    stepper = _stepper(active)
+    stepper = _stepper(active) if active else None  # none when every member had finished (a resume)
     while active:
         try:
             failed = stepper.step([m._next_batch() for m in active])
@@ -123,7 +124,8 @@ def _loop(members: list[Trainer], progress: bool, desc: str | None) -> list[Any]
         bar.update(len(active) - len(failed))
         first = active[0]
         if lone and (first.step % first.cfg.train.eval_every == 0 or first.step == first.cfg.train.steps):
-            bar.set_postfix(loss=f"{first.record['train_loss']:.3f}", acc=_headline(first.record, first.task.headline_metric))
+            bar.set_postfix(loss=f"{first.record['train_loss']:.3f}",
+                            acc=_headline(first.record, first.task.headline_metric))
         ended.update(failed)
         still = [m for m in active if not m.finished and id(m) not in failed]
         if len(still) < len(active):
@@ -142,7 +144,7 @@ def _headline(record: dict[str, Any], metric: str) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _stepper(members: list[Trainer]) -> LoneStepper | StackedStepper:
+def _stepper(members: list[Trainer]) -> Any:
     return LoneStepper(members[0]) if len(members) == 1 else StackedStepper(members)
 
 

@@ -112,7 +112,8 @@ class RunFolder:
         except FileExistsError:
             return  # another writer made it meanwhile: the run lock decides which of the two trains
         except OSError as err:
-            raise ConfigError(f"{self.label} cannot be created ({err.strerror}); choose a folder you can write") from None
+            raise ConfigError(f"{self.label} cannot be created ({err.strerror}); "
+                              "choose a folder you can write") from None
         for folder in missing:
             with contextlib.suppress(OSError):
                 folder.rmdir()

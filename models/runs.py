@@ -109,7 +109,8 @@ def read_train_state(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
         try:
             meta[name] = parse(raw[name])
         except ValueError:
-            raise RunFolderError(f"{path}: meta.{name}={raw[name]!r} is not {kind}; the train state is damaged") from None
+            raise RunFolderError(f"{path}: meta.{name}={raw[name]!r} is not {kind}; "
+                                 "the train state is damaged") from None
     weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     missing = [name for name in ("rng.data", "rng.depth") if name not in tensors] + ([] if weights else ["model.*"])
     if missing:
@@ -170,7 +171,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
             if index == len(lines) - 1:
                 warnings.warn(f"{path}: dropped its damaged last line {number} ({err})", stacklevel=2)
                 break
-            raise RunFolderError(f"{path}: line {number} is damaged ({err}); only a damaged last line can be dropped") from None
+            raise RunFolderError(f"{path}: line {number} is damaged ({err}); "
+                                 "only a damaged last line can be dropped") from None
         records.append(record)
     return records
 
@@ -325,11 +327,13 @@ class Checkpoint:
             if key.startswith("optim."):
                 index, _, name = key[len("optim."):].partition(".")
                 if not index.isdigit() or int(index) >= len(params):
-                    raise RunFolderError(f"{self.path}: {key} belongs to no parameter of this model ({len(params)} parameters)")
+                    raise RunFolderError(f"{self.path}: {key} belongs to no parameter of this model "
+                                         f"({len(params)} parameters)")
                 state.setdefault(int(index), {})[name] = value if name == "step" else value.to(device)
         for index, entry in state.items():
             if set(entry) != ADAMW_STATE:
-                raise RunFolderError(f"{self.path}: optim.{index} holds {sorted(entry)}, not AdamW's {sorted(ADAMW_STATE)}")
+                raise RunFolderError(f"{self.path}: optim.{index} holds {sorted(entry)}, "
+                                     f"not AdamW's {sorted(ADAMW_STATE)}")
             for name in ("exp_avg", "exp_avg_sq"):
                 if entry[name].shape != params[index].shape:
                     raise RunFolderError(f"{self.path}: optim.{index}.{name} has shape {tuple(entry[name].shape)}, its "
@@ -362,7 +366,8 @@ def out_of_memory(err: BaseException) -> bool:
 def model_sizes(cfg: RunConfig) -> str:
     """The model's sizes as settings, for a message about memory."""
     m = cfg.model
-    return (f"model.d_model={m.d_model}, model.d_mlp={m.mlp_dim}, model.d_head={m.head_dim}, model.n_heads={m.n_heads}, "
+    return (f"model.d_model={m.d_model}, model.d_mlp={m.mlp_dim}, model.d_head={m.head_dim}, "
+            f"model.n_heads={m.n_heads}, "
             f"model.n_layers={m.n_layers}, model.n_ctx={m.n_ctx}")
 
 
@@ -388,7 +393,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
         warnings.warn(f"{run_dir} is being trained by pid {holder}; loading its last checkpoint, not its final weights",
                       stacklevel=2)
     if not (run_dir / WEIGHTS).exists():
-        raise RunFolderError(f"{run_dir / WEIGHTS} does not exist; train the run first (workbench train --out {run_dir})")
+        raise RunFolderError(f"{run_dir / WEIGHTS} does not exist; "
+                             f"train the run first (workbench train --out {run_dir})")
     cfg = read_config(run_dir)
     task = make_task(cfg.task)
     try:
@@ -396,13 +402,15 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     except RuntimeError as err:  # a hand-edited size: say which, rather than the allocator's traceback
         if not out_of_memory(err):
             raise
-        raise RunFolderError(f"{run_dir / CONFIG}: its model does not fit in memory ({str(err).splitlines()[0][:200]}); "
+        raise RunFolderError(f"{run_dir / CONFIG}: its model does not fit in memory "
+                             f"({str(err).splitlines()[0][:200]}); "
                              f"its sizes: {model_sizes(cfg)}. Was config.json edited? Its model section must be "
                              f"the one model.safetensors was trained with") from None
     try:
         tensors, stamp = verified_weights(run_dir)
     except WeightsMismatch as err:
-        raise WeightsMismatch(f"{err}. `workbench train --out {run_dir} --resume` rewrites it from the train state") from None
+        raise WeightsMismatch(f"{err}. `workbench train --out {run_dir} --resume` "
+                              "rewrites it from the train state") from None
     load_weights(model, tensors)
     model.eval()
     return LoadedRun(run_dir, cfg, task, model, read_metrics(run_dir), stamp)
@@ -436,7 +444,8 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str
     missing = set(params) - set(tensors)
     if missing:
         raise RunFolderError(f"{source} lacks {sorted(missing)[:5]}...; was it written for another config?")
-    wrong = {name: (tuple(tensors[name].shape), tuple(p.shape)) for name, p in params.items() if tensors[name].shape != p.shape}
+    wrong = {name: (tuple(tensors[name].shape), tuple(p.shape)) for name, p in params.items()
+             if tensors[name].shape != p.shape}
     if wrong:
         listed = ", ".join(f"{name} {theirs} vs {ours}" for name, (theirs, ours) in list(wrong.items())[:3])
         raise RunFolderError(f"{source} holds weights of another shape than the config's model ({listed}); was it "

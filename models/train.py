@@ -105,7 +105,8 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def starting_weights(cfg: RunConfig, model: torch.nn.Module, source: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def starting_weights(cfg: RunConfig, model: torch.nn.Module,
+                     source: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """`train.init_from`: the weights of the run in `source` and what init.json records about
     them. RunFolderError (exit 2) when the folder holds no readable weights, a model section
     other than `cfg`'s, or weights of other shapes than `model`'s (another task vocabulary)."""
@@ -183,7 +184,8 @@ class Trainer:
         self.step, self.loss_count, self.elapsed = 0, 0, 0.0
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         # checked before anything is written; a resumed run starts from its own checkpoint instead
-        self.init = None if resume or cfg.train.init_from is None else starting_weights(cfg, self.model, Path(cfg.train.init_from))
+        self.init = (None if resume or cfg.train.init_from is None
+                     else starting_weights(cfg, self.model, Path(cfg.train.init_from)))
         self.snapshots = self._snapshot_keeper()
         self.pull = None  # set by a stacked ensemble (models/ensemble.py): copies this member's state out
 
@@ -207,7 +209,8 @@ class Trainer:
         wanted = [self.task.headline_metric, *self.cfg.train.plateau_watch]
         missing = [name for name in wanted if name not in recorded]
         if missing:
-            raise ConfigError(f"train.plateau_evals / train.plateau_watch: the stop rule reads {missing}, which this task's "
+            raise ConfigError(f"train.plateau_evals / train.plateau_watch: the stop rule reads {missing}, "
+                              f"which this task's "
                               f"evaluation does not record; it records {sorted(recorded)}")
 
     def _make_optimizer(self) -> torch.optim.AdamW:
@@ -303,7 +306,8 @@ class Trainer:
 
         gen = seeded_generator(self.cfg.train.seed + 3_000_003)
         losses = mimic_attention(self.model, self.task, self.cfg.train.mimic_steps, gen, progress=self.progress)
-        self.folder.write_mimic({"steps": len(losses), "final_loss": losses[-1], "loss": losses[:: max(1, len(losses) // 100)]})
+        self.folder.write_mimic({"steps": len(losses), "final_loss": losses[-1],
+                                 "loss": losses[:: max(1, len(losses) // 100)]})
 
     def _next_batch(self) -> Batch:
         return to_device(next_training_batch(self.task, self.train_set, self.cfg.train.batch_size, self.data_gen),
@@ -354,7 +358,8 @@ class Trainer:
         self._check_finite()
         self.model.eval()
         batch = self.eval_batch.to(self.device)
-        logits = torch.cat([forward(self.model, batch.tokens[i : i + EVAL_CHUNK]) for i in range(0, len(batch), EVAL_CHUNK)])
+        logits = torch.cat([forward(self.model, batch.tokens[i : i + EVAL_CHUNK])
+                            for i in range(0, len(batch), EVAL_CHUNK)])
         picked = logits_at_labels(logits, batch.label_pos)
         scored = batch.label_mask & batch.loss_mask if batch.loss_mask.any() else batch.label_mask
         eval_loss = F.cross_entropy(picked[scored], batch.labels[scored]).item()
@@ -401,7 +406,8 @@ class Trainer:
             return False
         if max(history[-n:]) > max(history[:-n]) + train.plateau_tol:
             return False
-        return all(_settled([r.get(name) for r in records[-n:]], train.plateau_watch_tol) for name in train.plateau_watch)
+        return all(_settled([r.get(name) for r in records[-n:]], train.plateau_watch_tol)
+                   for name in train.plateau_watch)
 
     @property
     def generators(self) -> dict[str, torch.Generator]:

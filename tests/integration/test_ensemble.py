@@ -123,7 +123,8 @@ def test_group_by_shape_keeps_apart_what_an_ensemble_cannot_train():
     cell = base()
     cells = {"a": cell, "b": cell.with_overrides(["train.seed=3", "model.init_gamma=0.3", "train.lr=0.01"]),
              "deeper": cell.with_overrides(["model.n_layers=3"]), "deeper2": cell.with_overrides(["model.n_layers=3"]),
-             "compiled": cell.with_overrides(["train.compile=true"]), "bf16": cell.with_overrides(["train.precision=bf16"]),
+             "compiled": cell.with_overrides(["train.compile=true"]),
+             "bf16": cell.with_overrides(["train.precision=bf16"]),
              "depth": cell.with_overrides(["model.min_depth=1"]), "batch": cell.with_overrides(["train.batch_size=8"])}
     assert group_by_shape(cells) == [["a", "b"], ["deeper", "deeper2"], ["compiled"], ["bf16"], ["depth"], ["batch"]]
     assert "compile" in kept_apart(cells["compiled"])
