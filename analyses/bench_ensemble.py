@@ -9,10 +9,14 @@ step is `Trainer._train_step` on its own next batch, as a lone run steps; togeth
 FLOP/s of both as a fraction of a matmul peak measured in the same run (one member step's FLOPs
 counted by FlopCounterMode).
 
+Timed: the best of `repeats` rounds of `steps` steps each way, after one warm-up round (CPU: 2
+rounds of 2 steps, so that K = 12 takes minutes; CUDA: 5 of 3).
+
 Shapes: composite-matched (the composite-cpu width, bias-free: the matched phase diagram's cells)
 and lego-cpu at their own batch sizes; composite-paper and lego-gpu at their own batch sizes on
-CUDA, and at batch `CPU_BIG_BATCH` on the CPU (a batch-2048 step of composite-paper takes seconds
-there). Every shape is timed in fp32 eager, the only mode an ensemble trains in (docs/ensembles.md).
+CUDA, and at batch `CPU_BIG_BATCH` on the CPU (a batch-2048 step of composite-paper takes
+seconds there), and only up to K = 4. Every shape is timed in fp32 eager, the only mode an
+ensemble trains in (docs/ensembles.md).
 """
 
 from __future__ import annotations
@@ -29,11 +33,17 @@ from models.presets import composite_matched, composite_paper, lego_cpu, lego_gp
 from models.train import Trainer, resolve_device
 
 CPU_BIG_BATCH = 16
+CPU_BIG_MAX_K = 4  # the GPU shapes on the CPU only up to this K: beyond, minutes per shape
 
 
-def ensemble_shapes(device: torch.device, quick: bool = False) -> dict:
-    """The shapes to time on `device`, as configs; the GPU shapes at a cut batch on the CPU."""
+def ensemble_shapes(device: torch.device, k: int, quick: bool = False) -> dict:
+    """The shapes to time on `device`, as configs; the GPU shapes at a cut batch on the CPU, and
+    there only up to K = CPU_BIG_MAX_K."""
     shapes = {"composite-matched": composite_matched(), "lego-cpu": lego_cpu()}
+    if device.type == "cpu" and k > CPU_BIG_MAX_K and not quick:
+        print(f"composite-paper and lego-gpu: not timed on the CPU at K > {CPU_BIG_MAX_K} (minutes per shape); "
+              f"`--device cuda` times them at their own batch sizes")
+        return shapes
     big = {"composite-paper": composite_paper(), "lego-gpu": lego_gpu()}
     for name, cfg in big.items():
         cut = [] if device.type == "cuda" else [f"train.batch_size={CPU_BIG_BATCH}"]
@@ -91,14 +101,14 @@ def run_ensemble_benchmark(k: int, device_name: str = "cpu", quick: bool = False
     cuda = device.type == "cuda"
     # the GPU's bf16 peak (what the issue's figures are against); the CPU's fp32 one, the ensemble's precision
     dtype, size = peak_matmul(device) if cuda else (torch.float32, 1024)
-    steps, repeats = (2, 2) if quick else (3, 5)
+    steps, repeats = (2, 2) if quick or not cuda else (3, 5)
     name = torch.cuda.get_device_name(device) if cuda else f"{torch.get_num_threads()} CPU threads"
     peak = matmul_peak(size if not quick else 256, 3 if quick else 20, device, dtype)
     label = "bf16" if dtype == torch.bfloat16 else "fp32"
     print(f"ensemble benchmark: K={k} on {device} ({name}); {label} matmul peak measured now: "
           f"{peak / 1e9:,.1f} GFLOP/s ({size}x{size})")
     results = {}
-    for shape, cfg in ensemble_shapes(device, quick).items():
+    for shape, cfg in ensemble_shapes(device, k, quick).items():
         timing = time_shape(cfg, k, device, steps, repeats)
         alone_rate, together_rate = k / timing["alone_s"], k / timing["ensemble_s"]
         flops = timing["flops_per_member_step"]
