@@ -9,8 +9,8 @@ step is `Trainer._train_step` on its own next batch, as a lone run steps; togeth
 FLOP/s of both as a fraction of a matmul peak measured in the same run (one member step's FLOPs
 counted by FlopCounterMode).
 
-Timed: the best of `repeats` rounds of `steps` steps each way, after one warm-up round (CPU: 2
-rounds of 2 steps, so that K = 12 takes minutes; CUDA: 5 of 3).
+Timed: the best of `repeats` rounds of `steps` steps each way, the two ways interleaved, after one
+warm-up round (CPU: 4 rounds of 2 steps, so that K = 12 takes minutes; CUDA: 5 of 3).
 
 Shapes: composite-matched (the composite-cpu width, bias-free: the matched phase diagram's cells)
 and lego-cpu at their own batch sizes; composite-paper and lego-gpu at their own batch sizes on
@@ -28,6 +28,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from analyses.benchmark import best_time, matmul_peak, peak_matmul
+from models.device import deterministic_kernels
 from models.ensemble import StackedStepper
 from models.presets import composite_matched, composite_paper, lego_cpu, lego_gpu
 from models.train import Trainer, resolve_device
@@ -87,8 +88,12 @@ def time_shape(cfg, k: int, device: torch.device, steps: int, repeats: int) -> d
         one_after_another(), as_ensemble()  # warm-up: first-call allocations, vmap's tracing
         with FlopCounterMode(display=False) as counter:
             alone[0]._train_step(alone[0]._next_batch())
-        return {"alone_s": best_time(one_after_another, repeats, device) / steps,
-                "ensemble_s": best_time(as_ensemble, repeats, device) / steps,
+        # interleaved, the best of each: a load that comes and goes touches both ways alike
+        alone_s, together_s = [], []
+        for _ in range(repeats):
+            alone_s.append(best_time(one_after_another, 1, device))
+            together_s.append(best_time(as_ensemble, 1, device))
+        return {"alone_s": min(alone_s) / steps, "ensemble_s": min(together_s) / steps,
                 "flops_per_member_step": counter.get_total_flops()}
 
 
@@ -101,7 +106,7 @@ def run_ensemble_benchmark(k: int, device_name: str = "cpu", quick: bool = False
     cuda = device.type == "cuda"
     # the GPU's bf16 peak (what the figures are against); the CPU's fp32 one, the ensemble's precision
     dtype, size = peak_matmul(device) if cuda else (torch.float32, 1024)
-    steps, repeats = (2, 2) if quick or not cuda else (3, 5)
+    steps, repeats = (2, 2) if quick else (2, 4) if not cuda else (3, 5)
     name = torch.cuda.get_device_name(device) if cuda else f"{torch.get_num_threads()} CPU threads"
     peak = matmul_peak(size if not quick else 256, 3 if quick else 20, device, dtype)
     label = "bf16" if dtype == torch.bfloat16 else "fp32"
@@ -109,7 +114,8 @@ def run_ensemble_benchmark(k: int, device_name: str = "cpu", quick: bool = False
           f"{peak / 1e9:,.1f} GFLOP/s ({size}x{size})")
     results = {}
     for shape, cfg in ensemble_shapes(device, k, quick).items():
-        timing = time_shape(cfg, k, device, steps, repeats)
+        with deterministic_kernels(device):  # as the trainer trains (models/device.py)
+            timing = time_shape(cfg, k, device, steps, repeats)
         alone_rate, together_rate = k / timing["alone_s"], k / timing["ensemble_s"]
         flops = timing["flops_per_member_step"]
         results[shape] = {**timing, "members": k, "batch_size": cfg.train.batch_size,

@@ -3,10 +3,10 @@ progress bar per group; `--ensemble auto|on|off` decides where.
 
 - off: every cell alone, as before ensembles.
 - on: every group of two or more same-shape cells (`group_by_shape`) as one ensemble, on any device.
-- auto (default): on for CUDA, where tiny models are bound by kernel launches and an ensemble of
-  K runs in about the time of one; on the CPU only for the widths where `workbench benchmark
-  --ensemble K` measured the ensemble at least as fast as the members one after another
-  (`CPU_AUTO_WIDTHS`, docs/ensembles.md), at any depth.
+- auto (default): on for CUDA, where tiny models are bound by kernel launches; off on the CPU,
+  where `workbench benchmark --ensemble K` measured the ensemble no faster than the members one
+  after another (ratios 0.73-1.96 at K = 2..12 for composite-matched and lego-cpu on 2 loaded
+  cores, below 1.0 at K = 4 and 12 for both: docs/ensembles.md). `on` ensembles on the CPU too.
 
 Cells a group trains are recorded like cells trained alone (`CellResult`), so sweep.json,
 cells.json and the page do not depend on the mode; the cells left are returned to the caller.
@@ -25,9 +25,6 @@ from models.ensemble import group_by_shape
 from tasks import ConfigError
 
 ENSEMBLE_MODES = ("auto", "on", "off")
-# (d_model, n_heads, d_head, d_mlp) of the shapes whose CPU ensemble ratio was >= 1.0 at every K
-# measured (2..12): composite-cpu / composite-matched (any depth) and lego-cpu
-CPU_AUTO_WIDTHS = {(128, 1, 64, 384), (64, 4, 16, 256)}
 
 
 def check_mode(mode: str) -> str:
@@ -42,10 +39,7 @@ def ensembles(mode: str, cfg: RunConfig) -> bool:
         return mode == "on"
     from models.train import resolve_device
 
-    if resolve_device(cfg.train.device).type == "cuda":
-        return True
-    m = cfg.model
-    return (m.d_model, m.n_heads, m.head_dim, m.mlp_dim) in CPU_AUTO_WIDTHS
+    return resolve_device(cfg.train.device).type == "cuda"
 
 
 def train_ensembles(jobs: dict[str, tuple[dict, str]], mode: str, record: Callable[[Any], None],
@@ -111,4 +105,4 @@ def add_ensemble_argument(parser: Any) -> None:
     """`--ensemble auto|on|off` on a command that trains cells (sweep, study)."""
     parser.add_argument("--ensemble", choices=ENSEMBLE_MODES, default="auto",
                         help="train same-shape cells as one stacked ensemble: on, off, or auto (default: on for "
-                             "CUDA; on the CPU for the shapes measured faster so, docs/ensembles.md)")
+                             "CUDA, off on the CPU, where it measured no faster; docs/ensembles.md)")
