@@ -3,10 +3,11 @@ progress bar per group; `--ensemble auto|on|off` decides where.
 
 - off: every cell alone, as before ensembles.
 - on: every group of two or more same-shape cells (`group_by_shape`) as one ensemble, on any device.
-- auto (default): on for CUDA, where tiny models are bound by kernel launches; off on the CPU,
-  where `workbench benchmark --ensemble K` measured the ensemble no faster than the members one
-  after another (ratios 0.73-1.96 at K = 2..12 for composite-matched and lego-cpu on 2 loaded
-  cores, below 1.0 at K = 4 and 12 for both: docs/ensembles.md). `on` ensembles on the CPU too.
+- auto (default): on for CUDA, where tiny models are bound by kernel launches. On the CPU only
+  for the widths where `workbench benchmark --ensemble K` measured the ensemble at least as fast
+  as the members one after another at every K from 2 to 12 (`CPU_AUTO_WIDTHS`: lego-cpu's,
+  ratios 1.19-1.34, at any depth); not composite-cpu / composite-matched's (0.85-1.18). The
+  numbers are in docs/ensembles.md. `on` ensembles every shape.
 
 Cells a group trains are recorded like cells trained alone (`CellResult`), so sweep.json,
 cells.json and the page do not depend on the mode; the cells left are returned to the caller.
@@ -25,6 +26,8 @@ from models.ensemble import group_by_shape
 from tasks import ConfigError
 
 ENSEMBLE_MODES = ("auto", "on", "off")
+# (d_model, n_heads, d_head, d_mlp) of the shapes whose CPU ratio was >= 1.0 at K = 2, 4, 8 and 12
+CPU_AUTO_WIDTHS = {(64, 4, 16, 256)}  # lego-cpu
 
 
 def check_mode(mode: str) -> str:
@@ -39,7 +42,10 @@ def ensembles(mode: str, cfg: RunConfig) -> bool:
         return mode == "on"
     from models.train import resolve_device
 
-    return resolve_device(cfg.train.device).type == "cuda"
+    if resolve_device(cfg.train.device).type == "cuda":
+        return True
+    m = cfg.model
+    return (m.d_model, m.n_heads, m.head_dim, m.mlp_dim) in CPU_AUTO_WIDTHS
 
 
 def train_ensembles(jobs: dict[str, tuple[dict, str]], mode: str, record: Callable[[Any], None],
@@ -105,4 +111,4 @@ def add_ensemble_argument(parser: Any) -> None:
     """`--ensemble auto|on|off` on a command that trains cells (sweep, study)."""
     parser.add_argument("--ensemble", choices=ENSEMBLE_MODES, default="auto",
                         help="train same-shape cells as one stacked ensemble: on, off, or auto (default: on for "
-                             "CUDA, off on the CPU, where it measured no faster; docs/ensembles.md)")
+                             "CUDA; on the CPU for the shapes measured faster so, docs/ensembles.md)")

@@ -38,9 +38,10 @@ def test_a_sweep_trains_same_shape_cells_together_with_the_weights_of_cells_trai
     assert len(groups) == 6 and all(r.status == "done" for r in again.values())
 
 
-def test_auto_ensembles_on_cuda_and_not_on_the_cpu_where_it_measured_no_faster():
+def test_auto_ensembles_on_the_cpu_only_the_shapes_measured_faster():
+    assert ensembles("auto", lego_cpu().with_overrides(["train.device=cpu", "model.n_layers=6"]))
     assert not ensembles("auto", composite_matched().with_overrides(["train.device=cpu"]))
-    assert not ensembles("auto", lego_cpu().with_overrides(["train.device=cpu"]))
+    assert not ensembles("auto", tiny_composite_run(device="cpu"))
     assert ensembles("on", tiny_composite_run(device="cpu")) and not ensembles("off", composite_matched())
 
 
