@@ -62,15 +62,17 @@ def test_members_equal_lone_runs_bit_for_bit(tmp_path):
 
 
 def test_members_with_biases_equal_lone_runs_within_float_rounding(tmp_path):
-    cfgs = {name: base(biases=True).with_overrides(SETTINGS[name]) for name in ("plain", "seed", "lr", "clip")}
+    # composite-cpu's width and a larger batch: at the tiny width the sums happen to come out equal
+    wide = ["model.d_model=128", "model.d_head=64", "model.d_mlp=384", "train.batch_size=32", "train.steps=12"]
+    cfgs = {name: base(biases=True).with_overrides(wide + SETTINGS[name]) for name in ("plain", "seed", "lr", "clip")}
     train_both(tmp_path, cfgs)
     for name in cfgs:
         ours, _ = verified_weights(tmp_path / "together" / name)
         theirs, _ = verified_weights(tmp_path / "alone" / name)
         worst = max((ours[k] - theirs[k]).abs().max().item() for k in ours)
-        # measured 1e-7 .. 4e-5 after 15 steps of lr 1e-3 (Adam turns a rounding difference in a
-        # near-zero gradient into up to lr per step)
-        assert worst < 1e-3, (name, worst)
+        # measured 1e-5 .. 5e-4 after 12 steps at lr 1e-3 and 3e-3: Adam turns a rounding difference
+        # in a near-zero gradient into an update of up to lr, so the bound is one step's lr
+        assert worst < cfgs[name].train.lr, (name, worst)
 
 
 def test_a_diverging_member_is_recorded_and_the_others_go_on(tmp_path):
