@@ -43,6 +43,7 @@ gpu-check: $(STAMP)
 	@$(BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu-check: torch ' + torch.__version__ + ' sees no CUDA device; install a CUDA build of torch (README, With a GPU)')"
 	$(BIN)/python -m pytest -m gpu
 	$(BIN)/workbench benchmark --device cuda
+	$(BIN)/workbench benchmark --ensemble 16 --device cuda
 	$(BIN)/workbench study lego-extrapolation --scale gpu
 
 clean:

@@ -9,14 +9,12 @@ and the command line ask it and name none of its files. Readers (`run_state`, `v
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import platform
 import re
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -29,9 +27,8 @@ from models.config import RunConfig
 from models.safe_files import (
     LOCK,
     RunFolderError,
-    append_line,
     atomic_write_bytes,
-    is_own_temp,
+    is_own_temp,  # noqa: F401  (re-exported: analyses/cli/demo.py imports it from here)
     locked_here,
     read_json,
     read_regular,
@@ -40,7 +37,7 @@ from models.safe_files import (
     save_tensors,
     writer_pid,
 )
-from models.snapshots import SNAPSHOTS, remove_snapshots
+from models.snapshots import SNAPSHOTS
 from tasks import ConfigError, Task, make_task
 
 CONFIG, WEIGHTS, TRAIN_STATE, METRICS = "config.json", "model.safetensors", "train_state.safetensors", "metrics.jsonl"
@@ -112,7 +109,8 @@ def read_train_state(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
         try:
             meta[name] = parse(raw[name])
         except ValueError:
-            raise RunFolderError(f"{path}: meta.{name}={raw[name]!r} is not {kind}; the train state is damaged") from None
+            raise RunFolderError(f"{path}: meta.{name}={raw[name]!r} is not {kind}; "
+                                 "the train state is damaged") from None
     weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     missing = [name for name in ("rng.data", "rng.depth") if name not in tensors] + ([] if weights else ["model.*"])
     if missing:
@@ -173,7 +171,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
             if index == len(lines) - 1:
                 warnings.warn(f"{path}: dropped its damaged last line {number} ({err})", stacklevel=2)
                 break
-            raise RunFolderError(f"{path}: line {number} is damaged ({err}); only a damaged last line can be dropped") from None
+            raise RunFolderError(f"{path}: line {number} is damaged ({err}); "
+                                 "only a damaged last line can be dropped") from None
         records.append(record)
     return records
 
@@ -328,11 +327,13 @@ class Checkpoint:
             if key.startswith("optim."):
                 index, _, name = key[len("optim."):].partition(".")
                 if not index.isdigit() or int(index) >= len(params):
-                    raise RunFolderError(f"{self.path}: {key} belongs to no parameter of this model ({len(params)} parameters)")
+                    raise RunFolderError(f"{self.path}: {key} belongs to no parameter of this model "
+                                         f"({len(params)} parameters)")
                 state.setdefault(int(index), {})[name] = value if name == "step" else value.to(device)
         for index, entry in state.items():
             if set(entry) != ADAMW_STATE:
-                raise RunFolderError(f"{self.path}: optim.{index} holds {sorted(entry)}, not AdamW's {sorted(ADAMW_STATE)}")
+                raise RunFolderError(f"{self.path}: optim.{index} holds {sorted(entry)}, "
+                                     f"not AdamW's {sorted(ADAMW_STATE)}")
             for name in ("exp_avg", "exp_avg_sq"):
                 if entry[name].shape != params[index].shape:
                     raise RunFolderError(f"{self.path}: optim.{index}.{name} has shape {tuple(entry[name].shape)}, its "
@@ -357,197 +358,6 @@ class Checkpoint:
                                  f"digest stored with them (meta.state_digest); the train state is corrupt")
 
 
-class RunFolder:
-    """One run folder as its writers (the trainer, the command line) see it: whether it may
-    receive a new run, its lock, the start of a run, metrics one evaluation at a time, and
-    checkpoints saved and resumed. `named_by`: the command-line option that gave the folder
-    ("--out"); messages about the folder then name it so."""
-
-    def __init__(self, path: str | Path, named_by: str = ""):
-        self.path, self.named_by = Path(path), named_by
-
-    def __repr__(self) -> str:
-        return f"RunFolder({str(self.path)!r})"
-
-    @property
-    def label(self) -> str:
-        """How messages name the folder: `--out runs/x` when the command line gave it, else its path."""
-        return f"{self.named_by} {self.path}" if self.named_by else str(self.path)
-
-    @property
-    def metrics_file(self) -> Path:
-        return self.path / METRICS
-
-    def holds_run(self) -> bool:
-        """Whether a run was started here (it has a config.json)."""
-        return (self.path / CONFIG).exists()
-
-    def has_checkpoint(self) -> bool:
-        return (self.path / TRAIN_STATE).exists()
-
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """The folder's write lock (`run_lock`)."""
-        with run_lock(self.path):
-            yield
-
-    def check_usable(self) -> None:
-        """A folder to start a run in must be new, empty, or a run folder with nothing but run
-        files (which `check_receives` then refuses and `workbench demo` replaces): never a file,
-        the current folder by an empty name, or a folder holding someone's other files. The
-        temporary files of a killed writer (`is_own_temp`) are the run's own: the trainer's lock
-        removes them."""
-        out = self.path
-        if not self.check_place("the run"):
-            return
-        names = [p.name for p in out.iterdir() if not is_own_temp(p.name)]  # a killed writer's temp files: its own
-        others = sorted(name for name in names if name not in RUN_FILES)
-        if others or (any(name != LOCK for name in names) and not self.holds_run()):
-            listed = ", ".join(others[:5]) or "run files without a config.json"
-            raise ConfigError(f"{self.label} holds files that are not a run's ({listed}); choose a new or empty folder")
-
-    def check_place(self, purpose: str) -> bool:
-        """Refuse an empty name or '.', a file, or a new folder that cannot be made (`purpose`, e.g.
-        "the run", completes the messages); return whether the folder exists already."""
-        if str(self.path) in ("", "."):
-            raise ConfigError(f"{self.named_by or 'the run folder'} is empty or '.'; name a folder for {purpose}, "
-                              f"e.g. --out runs/x")
-        if self.path.exists() and not self.path.is_dir():
-            raise ConfigError(f"{self.label} is a file, not a folder; choose a folder for {purpose}")
-        if not self.path.exists():
-            self.check_creatable()
-            return False
-        return True
-
-    def check_creatable(self) -> None:
-        """Create the folder and remove it again (with the parents that did not exist), so that a
-        folder that cannot be made is refused before anything runs, and nothing is left when a
-        later check refuses the run."""
-        missing = [self.path, *[p for p in self.path.parents if not p.exists()]]
-        try:
-            self.path.mkdir(parents=True)
-        except FileExistsError:
-            return  # another writer made it meanwhile: the run lock decides which of the two trains
-        except OSError as err:
-            raise ConfigError(f"{self.label} cannot be created ({err.strerror}); choose a folder you can write") from None
-        for folder in missing:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-
-    def check_receives(self, cfg: RunConfig | None = None) -> None:
-        """The one rule for a new run: a folder that holds a run (a config.json) receives no other,
-        so that no run is ever overwritten. The exception is a run of this same `cfg` that stopped
-        before its first checkpoint (a config, no train state), which the trainer starts again;
-        without `cfg` there is none (the command line, which points at --resume instead). The
-        trainer asks again under the lock: a run another process wrote meanwhile is refused."""
-        if not self.holds_run():
-            return
-        if cfg is not None and read_config(self.path).to_dict() == cfg.to_dict() and not self.has_checkpoint():
-            return
-        raise RunFolderError(f"{self.label} already holds a run; use --resume to continue it or choose another folder")
-
-    def start(self, cfg: RunConfig) -> None:
-        """A new run of `cfg`: the folder (made if needed) and its config.json."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        write_config(self.path, cfg)
-
-    def clear_metrics(self) -> None:
-        atomic_write_bytes(self.path / METRICS, b"")
-
-    def write_init(self, record: dict[str, Any]) -> None:
-        """Where the starting weights came from (`train.init_from`)."""
-        atomic_write_bytes(self.path / INIT, json.dumps(record, indent=1).encode())
-
-    def write_mimic(self, record: dict[str, Any]) -> None:
-        """The losses of mimicking pre-training (`train.mimic_steps`)."""
-        atomic_write_bytes(self.path / MIMIC, json.dumps(record).encode())
-
-    def append_metrics(self, record: dict[str, Any]) -> None:
-        append_line(self.path / METRICS, json.dumps(record))
-
-    def metrics(self) -> list[dict[str, Any]]:
-        return read_metrics(self.path)
-
-    def drop_metrics_after(self, step: int) -> None:
-        """metrics.jsonl without the records after `step` (a resumed run records them again) and
-        without a divergence record."""
-        kept = [r for r in self.metrics() if r["step"] <= step and not r.get("diverged")]
-        atomic_write_bytes(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in kept).encode())
-
-    def save_checkpoint(self, progress: Progress, weights: dict[str, Tensor], optimizer: dict[int, dict[str, Any]],
-                        generators: dict[str, torch.Generator]) -> None:
-        """Weights, AdamW's state by parameter index and the generators' states in the train state,
-        replaced atomically; then the weights file. Both carry the step and the weights' digest,
-        so resume can tell a weights file that is not the checkpoint's (a kill between the two
-        writes) and restore it; the train state's state_digest covers every tensor."""
-        tensors = {f"model.{k}": v for k, v in weights.items()}
-        for index, state in optimizer.items():
-            tensors.update({f"optim.{index}.{k}": torch.as_tensor(v) for k, v in state.items()})
-        tensors.update({f"rng.{name}": gen.get_state() for name, gen in generators.items()})
-        stamp = WeightsStamp(progress.step, weights_digest(weights))
-        meta = {"step": str(stamp.step), "digest": stamp.digest, "elapsed": repr(progress.elapsed),
-                "loss_sum": repr(progress.loss_sum), "loss_count": str(progress.loss_count),
-                "state_digest": weights_digest(tensors)}
-        save_tensors(self.path / TRAIN_STATE, tensors, meta)
-        save_weights(self.path, weights, stamp)
-
-    def resume_point(self, steps: int, eval_every: int | None = None) -> Checkpoint | None:
-        """The checkpoint a resume continues from, its fields checked; None for a run that
-        stopped before its first checkpoint (a config, no train state), which starts again from
-        step 0 with a warning. RunFolderError when the folder holds no run, or its train state is
-        damaged, beyond `steps` (the config's train.steps) or missing the metrics up to it (with
-        `eval_every`, the config's: every evaluation's record up to the checkpoint's step)."""
-        path = self.path / TRAIN_STATE
-        if not path.exists():
-            if not self.holds_run():
-                raise RunFolderError(f"--resume: {self.path} holds no run ({CONFIG}); there is nothing to resume")
-            warnings.warn(f"{path} does not exist (the run stopped before its first checkpoint); starting from step 0",
-                          stacklevel=2)
-            return None
-        checkpoint = Checkpoint.read(path)  # every field present, the weights match their digest
-        step = checkpoint.stamp.step
-        if step > 0 and not self.metrics_file.exists():
-            raise RunFolderError(f"--resume: {self.metrics_file} is missing while {path} is at step {step}: "
-                                 f"the run's records up to there are lost. Restore the file, or train a new run")
-        if step > steps:
-            raise RunFolderError(f"{path}: meta.step={step} is beyond train.steps={steps} of {CONFIG}")
-        if eval_every is not None:
-            self._check_records_reach(step, steps, eval_every)
-        return checkpoint
-
-    def _check_records_reach(self, step: int, steps: int, eval_every: int) -> None:
-        """RunFolderError unless metrics.jsonl reaches the last evaluation at or before the
-        checkpoint's `step` (every `eval_every` steps, and the last step): a file cut short lost
-        records that resuming cannot recompute, and a resumed run would report success without them."""
-        expected = step if step == steps else step - step % eval_every
-        recorded = [r["step"] for r in self.metrics() if r["step"] <= step and not r.get("diverged")]
-        last = recorded[-1] if recorded else 0
-        if last < expected:
-            raise RunFolderError(f"--resume: {self.metrics_file} ends at step {last}, but the checkpoint "
-                                 f"({TRAIN_STATE}) is at step {step}: the records of the evaluations after step {last} "
-                                 f"are lost (the file was cut). Restore it, or train a new run")
-
-    def restore_weights_file(self, checkpoint: Checkpoint) -> None:
-        """The weights file must be the checkpoint's, by the hash of its tensors: one that is
-        missing, damaged (flipped bytes under an intact header) or stale is rewritten from it."""
-        try:
-            verified_weights(self.path)
-        except WeightsMismatch as err:
-            warnings.warn(f"{err}; rewritten from {TRAIN_STATE}", stacklevel=2)
-            save_weights(self.path, checkpoint.weights, checkpoint.stamp)
-
-    def remove_unstarted_run(self) -> None:
-        """After a failure before the first checkpoint: the run files this run wrote, and the
-        folder if nothing else is in it, so that it can be used again with other settings."""
-        if not self.path.is_dir() or self.has_checkpoint():
-            return
-        for name in (CONFIG, METRICS, MIMIC, DEMO):
-            (self.path / name).unlink(missing_ok=True)
-        remove_snapshots(self.path)
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
-
-
 def out_of_memory(err: BaseException) -> bool:
     """Whether `err` is a failed allocation: torch.OutOfMemoryError (a GPU), or the CPU allocator's."""
     return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
@@ -556,7 +366,8 @@ def out_of_memory(err: BaseException) -> bool:
 def model_sizes(cfg: RunConfig) -> str:
     """The model's sizes as settings, for a message about memory."""
     m = cfg.model
-    return (f"model.d_model={m.d_model}, model.d_mlp={m.mlp_dim}, model.d_head={m.head_dim}, model.n_heads={m.n_heads}, "
+    return (f"model.d_model={m.d_model}, model.d_mlp={m.mlp_dim}, model.d_head={m.head_dim}, "
+            f"model.n_heads={m.n_heads}, "
             f"model.n_layers={m.n_layers}, model.n_ctx={m.n_ctx}")
 
 
@@ -582,7 +393,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
         warnings.warn(f"{run_dir} is being trained by pid {holder}; loading its last checkpoint, not its final weights",
                       stacklevel=2)
     if not (run_dir / WEIGHTS).exists():
-        raise RunFolderError(f"{run_dir / WEIGHTS} does not exist; train the run first (workbench train --out {run_dir})")
+        raise RunFolderError(f"{run_dir / WEIGHTS} does not exist; "
+                             f"train the run first (workbench train --out {run_dir})")
     cfg = read_config(run_dir)
     task = make_task(cfg.task)
     try:
@@ -590,13 +402,15 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     except RuntimeError as err:  # a hand-edited size: say which, rather than the allocator's traceback
         if not out_of_memory(err):
             raise
-        raise RunFolderError(f"{run_dir / CONFIG}: its model does not fit in memory ({str(err).splitlines()[0][:200]}); "
+        raise RunFolderError(f"{run_dir / CONFIG}: its model does not fit in memory "
+                             f"({str(err).splitlines()[0][:200]}); "
                              f"its sizes: {model_sizes(cfg)}. Was config.json edited? Its model section must be "
                              f"the one model.safetensors was trained with") from None
     try:
         tensors, stamp = verified_weights(run_dir)
     except WeightsMismatch as err:
-        raise WeightsMismatch(f"{err}. `workbench train --out {run_dir} --resume` rewrites it from the train state") from None
+        raise WeightsMismatch(f"{err}. `workbench train --out {run_dir} --resume` "
+                              "rewrites it from the train state") from None
     load_weights(model, tensors)
     model.eval()
     return LoadedRun(run_dir, cfg, task, model, read_metrics(run_dir), stamp)
@@ -630,7 +444,8 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str
     missing = set(params) - set(tensors)
     if missing:
         raise RunFolderError(f"{source} lacks {sorted(missing)[:5]}...; was it written for another config?")
-    wrong = {name: (tuple(tensors[name].shape), tuple(p.shape)) for name, p in params.items() if tensors[name].shape != p.shape}
+    wrong = {name: (tuple(tensors[name].shape), tuple(p.shape)) for name, p in params.items()
+             if tensors[name].shape != p.shape}
     if wrong:
         listed = ", ".join(f"{name} {theirs} vs {ours}" for name, (theirs, ours) in list(wrong.items())[:3])
         raise RunFolderError(f"{source} holds weights of another shape than the config's model ({listed}); was it "
@@ -638,3 +453,9 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str
     with torch.no_grad():
         for name, param in params.items():
             param.copy_(tensors[name])
+
+
+# the writers' side, in its own file; imported here so `from models.runs import RunFolder` works
+from models.run_folder import RunFolder  # noqa: E402
+
+__all__ = ["RunFolder"]

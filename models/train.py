@@ -1,7 +1,10 @@
 """The trainer: AdamW with warm-up + cosine, loss only on supervised labels, periodic evaluation
 on held-out data, atomic resumable checkpoints, and a stop with a clear message on divergence.
 
-`Trainer.fit()` is short and delegates to `_train_step`, `_evaluate` and `_checkpoint`.
+A `Trainer` is one run's state: config, task, data generators, schedule, stop rule, run folder,
+metrics and snapshots. `Trainer.fit()` trains it as an ensemble of one (models/ensemble.py, the one
+training loop): `_train_step` steps its own model, `after_step` evaluates and checkpoints. Several
+Trainers of one shape train as one stacked ensemble, each still writing its own run folder.
 """
 
 from __future__ import annotations
@@ -9,21 +12,25 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import os
 import shutil
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from models.config import RunConfig, TrainConfig
+from models.device import (  # re-exported: models.train is where callers import them from
+    bf16_supported,
+    check_precision,
+    cuda_deterministic,  # noqa: F401
+    deterministic_kernels,  # noqa: F401
+    resolve_device,
+    to_device,
+    training_precision,
+)
 from models.factory import build_model, forward, unique_parameters
 from models.memory import EVAL_CHUNK, check_memory
 from models.runs import (
@@ -58,53 +65,6 @@ class TrainResult:
     final: dict[str, Any]
 
 
-def resolve_device(name: str, setting: str = "train.device") -> torch.device:
-    """The device `name` ("auto", "cpu" or "cuda") stands for; `setting` names where it was asked
-    for (`train.device`, `analyze --device`), so the error points at what to change."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{setting}='cuda' but no CUDA device is available (torch.cuda.is_available() is False); "
-                          "use --device cpu, or a machine with an NVIDIA GPU and a CUDA build of torch")
-    return torch.device(name)
-
-
-def cuda_deterministic() -> bool:
-    """Whether CUDA kernels can be made deterministic: cuBLAS is only when CUBLAS_WORKSPACE_CONFIG
-    was set before the process started (":4096:8"), and torch refuses deterministic mode without it."""
-    return os.environ.get("CUBLAS_WORKSPACE_CONFIG") in (":4096:8", ":16:8")
-
-
-@contextmanager
-def deterministic_kernels(device: torch.device) -> Iterator[None]:
-    """Deterministic kernels while training, so one seed gives the same weights: on the CPU with
-    two or more threads the embedding's backward otherwise adds gradient rows in a varying order
-    (two 300-step lego-cpu runs on 2 threads differed by 1e-4 in the weights). On CUDA only where
-    `cuda_deterministic()`; elsewhere a CUDA run, and a resumed one, match an uninterrupted run
-    within float tolerance rather than bit for bit (README, "With a GPU"). The previous setting
-    is restored."""
-    before = torch.are_deterministic_algorithms_enabled()
-    on = device.type == "cpu" or (device.type == "cuda" and cuda_deterministic())
-    # warn, not fail, where a CUDA op has no deterministic kernel
-    torch.use_deterministic_algorithms(before or on, warn_only=on and device.type == "cuda")
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
-
-
-def bf16_supported(device: torch.device) -> bool:
-    """Whether the device has bf16 matmul kernels (CPU: oneDNN with AVX512-BF16 or AMX)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-def check_precision(device: torch.device, precision: str) -> None:
-    if precision == "bf16" and not bf16_supported(device):
-        raise ConfigError(f"train.precision='bf16' but this {device.type} device has no bf16 kernels; use train.precision=fp32")
-
-
 def has_cpu_compiler() -> bool:
     """Whether a C++ compiler is on PATH (torch.compile's CPU backend builds C++ kernels)."""
     return bool(shutil.which("g++") or shutil.which("c++"))
@@ -125,13 +85,6 @@ def fastest_cpu_options() -> dict[str, Any]:
             "precision": "bf16" if bf16_supported(device) else "fp32"}
 
 
-def training_precision(device: torch.device, precision: str):
-    """bf16 autocast for the forward pass, or nothing for fp32."""
-    if precision == "fp32":
-        return nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
 def compiled_forward():
     """`models.factory.forward` through torch.compile. The function is compiled, not the module,
     so that what the model's own forward does around the blocks (planted heads remember the
@@ -144,17 +97,6 @@ def compiled_forward():
     return torch.compile(inspect.unwrap(forward))
 
 
-def to_device(batch: Batch, device: torch.device) -> Batch:
-    """A batch sampled on the CPU, on the training device. To a GPU it is pinned and copied
-    without waiting: the copy overlaps with the steps already queued there, and the trainer
-    samples the next batch on the CPU meanwhile (LEGO n=12, 512 sentences: about 2 ms on one
-    core; `workbench benchmark --device cuda` prints it beside a training step). Sampling on the
-    CPU also gives a CUDA run the same sequences as a CPU run of the same seed."""
-    if device.type != "cuda":
-        return batch.to(device)
-    return batch.pin_memory().to(device, non_blocking=True)
-
-
 def learning_rate(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up to `lr` over `warmup_steps`, then cosine decay to `min_lr` at `steps`."""
     if step < cfg.warmup_steps:
@@ -163,7 +105,8 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def starting_weights(cfg: RunConfig, model: torch.nn.Module, source: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def starting_weights(cfg: RunConfig, model: torch.nn.Module,
+                     source: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """`train.init_from`: the weights of the run in `source` and what init.json records about
     them. RunFolderError (exit 2) when the folder holds no readable weights, a model section
     other than `cfg`'s, or weights of other shapes than `model`'s (another task vocabulary)."""
@@ -241,8 +184,10 @@ class Trainer:
         self.step, self.loss_count, self.elapsed = 0, 0, 0.0
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         # checked before anything is written; a resumed run starts from its own checkpoint instead
-        self.init = None if resume or cfg.train.init_from is None else starting_weights(cfg, self.model, Path(cfg.train.init_from))
+        self.init = (None if resume or cfg.train.init_from is None
+                     else starting_weights(cfg, self.model, Path(cfg.train.init_from)))
         self.snapshots = self._snapshot_keeper()
+        self.pull = None  # set by a stacked ensemble (models/ensemble.py): copies this member's state out
 
     def _snapshot_keeper(self) -> SnapshotKeeper | None:
         """What keeps the run's snapshots (models/snapshots.py); None with train.snapshots=0."""
@@ -264,7 +209,8 @@ class Trainer:
         wanted = [self.task.headline_metric, *self.cfg.train.plateau_watch]
         missing = [name for name in wanted if name not in recorded]
         if missing:
-            raise ConfigError(f"train.plateau_evals / train.plateau_watch: the stop rule reads {missing}, which this task's "
+            raise ConfigError(f"train.plateau_evals / train.plateau_watch: the stop rule reads {missing}, "
+                              f"which this task's "
                               f"evaluation does not record; it records {sorted(recorded)}")
 
     def _make_optimizer(self) -> torch.optim.AdamW:
@@ -287,37 +233,49 @@ class Trainer:
         return torch.optim.AdamW(groups, lr=train.lr, fused=True if self.device.type == "cuda" else None)
 
     def fit(self) -> TrainResult:
-        # denormal floats make CPU matmuls several times slower once small weights decay (large
-        # init, gamma ~0.3); flushing them to zero changes no result we measure
-        torch.set_flush_denormal(True)
-        with self.folder.lock(), deterministic_kernels(self.device):
-            return self._fit()
+        """Train the run: an ensemble of one (models/ensemble.py, `fit_members`), which trains
+        this model itself, step by step, as it always has."""
+        from models.ensemble import fit_members
 
-    def _fit(self) -> TrainResult:
-        self._restore() if self.resume else self._start()
+        return fit_members([self], progress=self.progress)[0]
+
+    def begin_loop(self) -> None:
+        """Ready for the training loop, after `_start` or `_restore`: the clock, and whether the
+        stop rule ended this run already (a resumed run it stopped)."""
+        self.record: dict[str, Any] = {}
+        self.started = time.perf_counter() - self.elapsed
+        self.stopped = bool((self.folder.metrics() or [{}])[-1].get("stopped"))
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.cfg.train.steps or self.stopped
+
+    def after_step(self) -> None:
+        """What follows a training step: the scheduled snapshot, the evaluation (and the stop
+        rule) and the checkpoint where they are due. In an ensemble `own_weights` first copies
+        this member's weights and optimizer state out of the stacked ones."""
         train = self.cfg.train
-        # in a log file (no terminal) one line every 30 s, not a redraw every second
-        interval = 1.0 if sys.stderr.isatty() else 30.0
-        bar = tqdm(total=train.steps, initial=self.step, disable=not self.progress, desc=self.folder.path.name,
-                   dynamic_ncols=True, mininterval=interval)
-        record: dict[str, Any] = {}
-        started = time.perf_counter() - self.elapsed
-        stopped = bool((self.folder.metrics() or [{}])[-1].get("stopped"))  # a resumed run the rule ended
-        while self.step < train.steps and not stopped:
-            self._train_step(self._next_batch())
-            self.step += 1
-            if self.snapshots is not None and self.snapshots.due(self.step):
-                self.snapshots.after_step(self.step, unique_parameters(self.model))
-            bar.update(1)
-            self.elapsed = time.perf_counter() - started
-            if self.step % train.eval_every == 0 or self.step == train.steps:
-                record = self._evaluate()
-                stopped = bool(record.get("stopped"))
-                bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=_headline(record, self.task.headline_metric))
-            if self.step % train.checkpoint_every == 0 or self.step == train.steps or stopped:
-                self._checkpoint()
-        bar.close()
-        return TrainResult(self.step, self.elapsed, record or (self.folder.metrics() or [{}])[-1])
+        self.step += 1
+        if self.snapshots is not None and self.snapshots.due(self.step):
+            self.own_weights()
+            self.snapshots.after_step(self.step, unique_parameters(self.model))
+        self.elapsed = time.perf_counter() - self.started
+        if self.step % train.eval_every == 0 or self.step == train.steps:
+            self.own_weights()
+            self.record = self._evaluate()
+            self.stopped = bool(self.record.get("stopped"))
+        if self.step % train.checkpoint_every == 0 or self.step == train.steps or self.stopped:
+            self.own_weights()
+            self._checkpoint()
+
+    def own_weights(self) -> None:
+        """Make `self.model` and `self.optimizer` hold this run's current weights and state: they
+        do, unless a stacked ensemble trains it (which sets `self.pull`)."""
+        if self.pull is not None:
+            self.pull(self)
+
+    def result(self) -> TrainResult:
+        return TrainResult(self.step, self.elapsed, self.record or (self.folder.metrics() or [{}])[-1])
 
     def _start(self) -> None:
         """A new run, if the folder may receive it (`RunFolder.check_receives`), asked under its
@@ -348,7 +306,8 @@ class Trainer:
 
         gen = seeded_generator(self.cfg.train.seed + 3_000_003)
         losses = mimic_attention(self.model, self.task, self.cfg.train.mimic_steps, gen, progress=self.progress)
-        self.folder.write_mimic({"steps": len(losses), "final_loss": losses[-1], "loss": losses[:: max(1, len(losses) // 100)]})
+        self.folder.write_mimic({"steps": len(losses), "final_loss": losses[-1],
+                                 "loss": losses[:: max(1, len(losses) // 100)]})
 
     def _next_batch(self) -> Batch:
         return to_device(next_training_batch(self.task, self.train_set, self.cfg.train.batch_size, self.data_gen),
@@ -399,7 +358,8 @@ class Trainer:
         self._check_finite()
         self.model.eval()
         batch = self.eval_batch.to(self.device)
-        logits = torch.cat([forward(self.model, batch.tokens[i : i + EVAL_CHUNK]) for i in range(0, len(batch), EVAL_CHUNK)])
+        logits = torch.cat([forward(self.model, batch.tokens[i : i + EVAL_CHUNK])
+                            for i in range(0, len(batch), EVAL_CHUNK)])
         picked = logits_at_labels(logits, batch.label_pos)
         scored = batch.label_mask & batch.loss_mask if batch.loss_mask.any() else batch.label_mask
         eval_loss = F.cross_entropy(picked[scored], batch.labels[scored]).item()
@@ -446,7 +406,8 @@ class Trainer:
             return False
         if max(history[-n:]) > max(history[:-n]) + train.plateau_tol:
             return False
-        return all(_settled([r.get(name) for r in records[-n:]], train.plateau_watch_tol) for name in train.plateau_watch)
+        return all(_settled([r.get(name) for r in records[-n:]], train.plateau_watch_tol)
+                   for name in train.plateau_watch)
 
     @property
     def generators(self) -> dict[str, torch.Generator]:
@@ -490,11 +451,6 @@ def _settled(values: list[Any], tol: float) -> bool:
     if any(not isinstance(v, (int, float)) for v in values):
         return False
     return max(values) - min(values) <= tol
-
-
-def _headline(record: dict[str, Any], metric: str) -> str:
-    value = record.get(metric)
-    return "-" if value is None else f"{value:.3f}"
 
 
 def train_or_load(cfg: RunConfig, run_dir: str | Path, progress: bool = True) -> LoadedRun:

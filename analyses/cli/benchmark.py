@@ -22,10 +22,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--snapshots", action="store_true",
                        help="instead: training time and disk with the default snapshots against none (lego-cpu, "
                             "composite-matched), side by side")
+    bench.add_argument("--ensemble", type=int, metavar="K",
+                       help="instead: K members one after another against one ensemble of K, per shape (with "
+                            "--device cuda the GPU shapes too)")
     bench.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ensemble is not None:
+        from analyses.bench.ensemble import run_ensemble_benchmark
+
+        run_ensemble_benchmark(args.ensemble, args.device or "cpu", quick=args.quick)
+        return 0
     if args.snapshots:
         from analyses.bench.snapshots import run_snapshot_benchmark
 

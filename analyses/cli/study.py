@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from analyses.cli.common import EXIT_CONFIG
+from analyses.runners.ensemble import add_ensemble_argument
 from tasks import ConfigError
 
 
@@ -36,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                           "paper's: lr 1e-4, bias-free ReLU, up to 30,000 steps; hours per study, see "
                                           "docs/sweeps.md); default folder runs/studies/<name>-<scale>-matched")
     study.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_ensemble_argument(study)
     study.set_defaults(run=run)
 
 
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results = run_study(args.name, args.out, args.scale, workers=args.workers, backend=args.backend,
                         address=args.address, progress=not args.no_progress, seeds=args.seeds,
-                        overrides=args.overrides, gammas=args.gammas, protocol=args.protocol)
+                        overrides=args.overrides, gammas=args.gammas, protocol=args.protocol,
+                        ensemble=args.ensemble)
     print(json.dumps(results.get("headline", {}), default=str))
     print(f"study {args.name} ({args.scale}) finished in {time.perf_counter() - started:.0f} s; "
           f"see {results.get('report', 'its folder')}")

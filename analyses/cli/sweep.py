@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from analyses.cli.common import EXIT_CONFIG, load_tasks
+from analyses.runners.ensemble import add_ensemble_argument
 from tasks import ConfigError
 
 
@@ -24,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--backend", choices=["local", "ray"], default="local", help="where cells run (default local)")
     sweep.add_argument("--address", help="with --backend ray: the cluster address (default: a local Ray instance)")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_ensemble_argument(sweep)
     sweep.set_defaults(run=run)
 
 
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     # one sweep per folder: a second one exits 2 at once, naming the first, and changes nothing
     with run_lock(args.out):
         index = run_sweep(base, grid, args.out, preset=args.preset, workers=args.workers,
-                          backend=args.backend, address=args.address, progress=not args.no_progress)
+                          backend=args.backend, address=args.address, progress=not args.no_progress,
+                          ensemble=args.ensemble)
     print(f"sweep of {len(index['cells'])} cells: {json.dumps(index['counts'])} in {index['wall_seconds']:.0f} s; "
           f"see {args.out / 'sweep.json'} and {args.out / 'report.html'}")
     for name, cell in index["cells"].items():

@@ -99,6 +99,7 @@ class StudyContext:
     overrides: tuple[str, ...] = ()  # `--set model.norm_position=post`: applied to every cell's base config
     gammas: tuple[float, float] | None = None  # `--gammas 0.5,0.8`: a contrast study's two init rates
     protocol: str | None = None  # `--protocol matched`: another training protocol (None: the study's default)
+    ensemble: str = "auto"  # `--ensemble`: same-shape cells as one ensemble (analyses/runners/ensemble.py)
 
     def seeds_or(self, default: list[int]) -> list[int]:
         """The seeds to train: the caller's when given, else the study's default for its scale."""
@@ -110,7 +111,7 @@ class StudyContext:
 
         folder = where if isinstance(where, Path) else self.out / where
         return run_cells(cell_names(cells), folder, workers=self.workers, backend=self.backend,
-                         address=self.address, progress=self.progress)
+                         address=self.address, progress=self.progress, ensemble=self.ensemble)
 
     def run_controls(self, cells: Mapping[Cell | str, Any], train: Callable[[str, Any], dict[str, Any]],
                      where: str = "controls") -> dict[str, dict[str, Any]]:

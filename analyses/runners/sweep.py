@@ -35,6 +35,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from analyses.runners.ensemble import train_ensembles
 from analyses.runners.lifeline import die_with
 from models.config import RunConfig, parse_value
 from models.runs import (
@@ -127,13 +128,15 @@ def threads_per_worker(workers: int) -> int:
 
 
 def run_cells(cells: dict[str, RunConfig], root: str | Path, *, workers: int | None = 1, backend: str = "local",
-              address: str | None = None, progress: bool = True) -> dict[str, CellResult]:
+              address: str | None = None, progress: bool = True, ensemble: str = "auto") -> dict[str, CellResult]:
     """Train every cell into `root/<name>` and return their results by name (in `cells` order).
 
     workers: cells trained at once (None: one per core). Finished and diverged cells are
     skipped, partial ones resume, failed ones are retried. `root/cells.json` is updated as each
     cell ends, so a killed sweep leaves an index of what it finished; it keeps the entries of
     earlier calls on the same root (a pool several studies fill) whose folders still exist.
+    ensemble: auto|on|off, whether same-shape cells train as one ensemble in this process
+    (analyses/runners/ensemble.py; local backend only), before the cells left train as above.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"backend {backend!r} is unknown; use one of {BACKENDS}")
@@ -155,15 +158,16 @@ def run_cells(cells: dict[str, RunConfig], root: str | Path, *, workers: int | N
         bar.set_postfix(_status_counts(results.values()))
         _update_index(root / CELLS_INDEX, {k: results[k].to_dict() for k in jobs if k in results})
 
+    left = jobs if backend == "ray" else train_ensembles(jobs, ensemble, record, progress)
     if backend == "ray":
         from analyses.runners.ray_backend import run_ray  # Ray only where it is asked for
 
         run_ray(jobs, workers, address, record)
     elif workers == 1:  # in this process, with the caller's torch threads
-        for name, (cfg_dict, run_dir) in jobs.items():
+        for name, (cfg_dict, run_dir) in left.items():
             record(train_cell(name, cfg_dict, run_dir))
-    else:
-        _run_pool(jobs, workers, record)
+    elif left:
+        _run_pool(left, workers, record)
     bar.close()
     return {name: results[name] for name in jobs}
 
@@ -351,7 +355,7 @@ def grid_cells(base: RunConfig, grid: dict[str, list[Any]]) -> dict[str, RunConf
 
 def run_sweep(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, *, preset: str | None = None,
               workers: int | None = None, backend: str = "local", address: str | None = None,
-              progress: bool = True) -> dict[str, Any]:
+              progress: bool = True, ensemble: str = "auto") -> dict[str, Any]:
     """Train the grid's cells under `out` and write `out/sweep.json`, then the sweep's page
     (`out/report.html` and `out/sweep_page.json`, interp/sweep_page.py); `out/sweep_plan.json`
     (grid and cells) is written first, so a sweep in progress has a page too. Returns the index
@@ -363,7 +367,8 @@ def run_sweep(base: RunConfig, grid: dict[str, list[Any]], out: str | Path, *, p
     out.mkdir(parents=True, exist_ok=True)  # the plan: what the sweep's page of a sweep in progress reads
     _write_json(out / PLAN, {"preset": preset, "grid": grid, "base": base.to_dict(),
                              "cells": {name: {"point": point} for name, point in points.items()}})
-    results = run_cells(cells, out, workers=workers, backend=backend, address=address, progress=progress)
+    results = run_cells(cells, out, workers=workers, backend=backend, address=address, progress=progress,
+                        ensemble=ensemble)
     index = {
         "preset": preset, "grid": grid, "base": base.to_dict(), "backend": backend,
         "workers": machine_cores() if workers is None else workers,

@@ -1,0 +1,108 @@
+"""A sweep's or study's cells of one shape trained as one ensemble (models/ensemble.py), with a
+progress bar per group; `--ensemble auto|on|off` decides where.
+
+- off: every cell alone, as before ensembles.
+- on: every group of two or more same-shape cells (`group_by_shape`) as one ensemble, on any device.
+- auto (default): on for CUDA, where tiny models are bound by kernel launches; off on the CPU,
+  where the matched phase diagram trained slower as ensembles than as cells in the worker pool,
+  and where lone runs stay bit-identical to the runs recorded before ensembles (a member with
+  biases equals its lone run only within rounding). The numbers are in docs/ensembles.md.
+
+Cells a group trains are recorded like cells trained alone (`CellResult`), so sweep.json,
+cells.json and the page do not depend on the mode; the cells left are returned to the caller.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from models.config import RunConfig
+from models.ensemble import group_by_shape
+from tasks import ConfigError
+
+ENSEMBLE_MODES = ("auto", "on", "off")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in ENSEMBLE_MODES:
+        raise ConfigError(f"--ensemble {mode!r} is unknown; use one of {ENSEMBLE_MODES}")
+    return mode
+
+
+def ensembles(mode: str, cfg: RunConfig) -> bool:
+    """Whether a group of cells like `cfg` trains as one ensemble under `mode`."""
+    if mode != "auto":
+        return mode == "on"
+    from models.train import resolve_device
+
+    return resolve_device(cfg.train.device).type == "cuda"
+
+
+def train_ensembles(jobs: dict[str, tuple[dict, str]], mode: str, record: Callable[[Any], None],
+                    progress: bool = True) -> dict[str, tuple[dict, str]]:
+    """Train the groups of `jobs` (name -> (config dict, run folder)) that `mode` ensembles,
+    calling `record(CellResult)` for each of their cells; return the jobs left to train alone."""
+    check_mode(mode)
+    cells = {name: RunConfig.from_dict(cfg) for name, (cfg, _) in jobs.items()}
+    left = dict(jobs)
+    for group in group_by_shape(cells):
+        if len(group) < 2 or not ensembles(mode, cells[group[0]]):
+            continue
+        for result in _train_group({name: (cells[name], Path(jobs[name][1])) for name in group}, progress):
+            left.pop(result.name, None)
+            record(result)
+    return left
+
+
+def _train_group(group: dict[str, tuple[RunConfig, Path]], progress: bool) -> list[Any]:
+    """One group: each cell checked as `train_cell` checks it (finished, diverged and refused
+    cells are recorded without training), the rest trained together."""
+    from analyses.runners.sweep import CellResult
+    from models.ensemble import fit_members
+    from models.runs import CONFIG, RunFolderError, read_config, read_metrics, run_state, same_recipe
+    from models.train import Trainer, TrainingDiverged
+
+    results, members, names = [], [], []
+    for name, (cfg, path) in group.items():
+        try:
+            if (path / CONFIG).exists() and not same_recipe(read_config(path), cfg):
+                results.append(CellResult(name, "failed", error=f"{path} holds a run with another config; move it away",
+                                          refused=True))
+                continue
+            state = run_state(path, cfg)
+            if state in ("done", "diverged"):
+                metrics = read_metrics(path)
+                results.append(CellResult(name, state, metrics[-1], float(metrics[-1].get("elapsed_s", 0.0))))
+                continue
+            members.append(Trainer(cfg, path, resume=state == "partial", progress=False))
+            names.append(name)
+        except (RunFolderError, ConfigError) as err:
+            results.append(CellResult(name, "failed", error=str(err), refused=isinstance(err, RunFolderError)))
+    if not members:
+        return results
+    started = time.perf_counter()
+    try:
+        outcomes = fit_members(members, progress=progress, desc=f"ensemble of {len(members)} ({names[0]}, ...)")
+    except TrainingDiverged as err:  # one cell left to train, trained alone: it raises
+        outcomes = [err]
+    except Exception:  # the whole group crashed: each cell is failed, and a re-run resumes it
+        error = traceback.format_exc(limit=5)
+        return results + [CellResult(n, "failed", seconds=time.perf_counter() - started, error=error) for n in names]
+    for name, member, outcome in zip(names, members, outcomes):
+        if isinstance(outcome, TrainingDiverged):
+            results.append(CellResult(name, "diverged", read_metrics(member.folder.path)[-1], member.elapsed,
+                                      str(outcome)))
+        else:
+            results.append(CellResult(name, "done", outcome.final, outcome.seconds))
+    return results
+
+
+def add_ensemble_argument(parser: Any) -> None:
+    """`--ensemble auto|on|off` on a command that trains cells (sweep, study)."""
+    parser.add_argument("--ensemble", choices=ENSEMBLE_MODES, default="auto",
+                        help="train same-shape cells as one stacked ensemble: on, off, or auto (default: on for "
+                             "CUDA, off on the CPU; docs/ensembles.md)")

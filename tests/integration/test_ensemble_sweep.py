@@ -1,0 +1,60 @@
+"""Sweeps with --ensemble (analyses/runners/ensemble.py): same-shape cells trained as one ensemble
+end as the cells trained alone; `workbench benchmark --ensemble K` prints its ratio lines."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from analyses.cli import main
+from analyses.runners.ensemble import ensembles
+from analyses.runners.sweep import run_cells
+from models.presets import get_preset
+from models.runs import verified_weights
+from tests.helpers import tiny_composite_run
+
+
+def cells():
+    base = tiny_composite_run(steps=10, device="cpu", snapshots=0).with_overrides(["model.biases=false"])
+    grid = {f"s{seed}": base.with_overrides([f"train.seed={seed}"]) for seed in (0, 1)}
+    return {**grid, "wide": base.with_overrides(["model.d_model=64"]), "lr": base.with_overrides(["train.lr=0.01"])}
+
+
+def test_a_sweep_trains_same_shape_cells_together_with_the_weights_of_cells_trained_alone(tmp_path, monkeypatch):
+    import models.ensemble
+
+    groups = []
+    original = models.ensemble.fit_members
+    monkeypatch.setattr(models.ensemble, "fit_members", lambda m, **kw: groups.append(len(m)) or original(m, **kw))
+    together = run_cells(cells(), tmp_path / "on", progress=False, ensemble="on")
+    alone = run_cells(cells(), tmp_path / "off", progress=False, ensemble="off")
+    # on: s0, s1 and lr as one ensemble, "wide" (another shape) alone; off: four lone runs (ensembles of one)
+    assert groups == [3, 1, 1, 1, 1, 1]
+    for name in cells():
+        assert together[name].status == alone[name].status == "done"
+        assert verified_weights(tmp_path / "on" / name)[1] == verified_weights(tmp_path / "off" / name)[1], name
+    index = json.loads((tmp_path / "on" / "cells.json").read_text())
+    assert sorted(index) == sorted(cells())
+    again = run_cells(cells(), tmp_path / "on", progress=False, ensemble="on")  # finished: nothing retrained
+    assert len(groups) == 6 and all(r.status == "done" for r in again.values())
+
+
+def test_auto_trains_cells_alone_on_the_cpu_and_on_and_off_mean_what_they_say(monkeypatch):
+    """auto: alone on the CPU (the phase diagram was slower as ensembles there, and lone runs stay
+    bit-identical to earlier ones), ensembles on CUDA; on and off on any device."""
+    import models.train
+
+    for preset in ("lego-cpu", "composite-matched"):
+        assert not ensembles("auto", get_preset(preset).with_overrides(["train.device=cpu"]))
+    assert ensembles("on", tiny_composite_run(device="cpu"))
+    assert not ensembles("off", get_preset("composite-matched"))
+    monkeypatch.setattr(models.train, "resolve_device", lambda name, setting="": torch.device("cuda"))
+    assert ensembles("auto", get_preset("composite-matched"))
+
+
+def test_the_ensemble_benchmark_prints_a_ratio_per_shape(capsys):
+    assert main(["benchmark", "--ensemble", "2", "--quick"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "ratio" in line]
+    assert [line.split(" ")[0] for line in lines] == ["composite-matched", "lego-cpu"]
+    assert all("member-steps/s" in line and "of the fp32 peak" in line for line in lines)
