@@ -11,7 +11,6 @@ report-size test needs no browser."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import time
@@ -29,6 +28,7 @@ from models.runs import load_run
 from models.train import Trainer
 from tasks import LegoConfig
 from tasks.lego import SPECIALS, VARIABLES
+from tests.browser import headless_chromium
 from tests.helpers import tiny_composite_run, tiny_lego_run
 
 # Every LEGO variable is renamed to a string that runs script if the report ever pastes token
@@ -40,37 +40,11 @@ REPORT_SIZE_LIMIT = 5_000_000  # bytes, for all heads of a 6-layer model (issue 
 RENDER_TIMEOUT_MS = 15_000
 
 
-def chromium_path() -> str | None:
-    """WORKBENCH_CHROMIUM, else Debian's `chromium` on the PATH, else None."""
-    return os.environ.get("WORKBENCH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def skip_or_fail(reason: str) -> None:
-    """Skip with the reason; fail where the browser is required: in CI (the `CI` variable set,
-    and not "false" or "0") or with WORKBENCH_REQUIRE_BROWSER=1 (.ci/run, once Chromium is installed)."""
-    if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"WORKBENCH_REQUIRE_BROWSER=1 but {reason}")
-    if os.environ.get("CI", "") not in ("", "false", "0"):
-        pytest.fail(f"CI={os.environ['CI']}: the browser tests must run in CI, but {reason}")
-    pytest.skip(reason)
-
 
 @pytest.fixture(scope="module")
 def browser():
-    executable = chromium_path()
-    if executable is None:
-        skip_or_fail("no Chromium: install Debian's `chromium` (apt-get install -y chromium; .ci/run does it as root)")
-    try:
-        import playwright.sync_api as sync_api
-    except ImportError:
-        skip_or_fail("playwright is not installed: pip install -e '.[test]'")
-    with sync_api.sync_playwright() as playwright:
-        try:
-            chromium = playwright.chromium.launch(executable_path=executable, headless=True)
-        except Exception as err:  # a broken or sandbox-less browser: a skip with the reason, or a failure in CI
-            skip_or_fail(f"Chromium at {executable} did not start: {str(err).splitlines()[0]}")
+    with headless_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")

@@ -8,40 +8,19 @@ a missing or broken browser fails it."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from analyses.findings.__main__ import main
 from analyses.findings.figures import FIGURES
-
-
-def skip_or_fail(reason: str) -> None:
-    if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"WORKBENCH_REQUIRE_BROWSER=1 but {reason}")
-    if os.environ.get("CI", "") not in ("", "false", "0"):
-        pytest.fail(f"CI={os.environ['CI']}: the browser tests must run in CI, but {reason}")
-    pytest.skip(reason)
+from tests.browser import headless_chromium
 
 
 @pytest.fixture(scope="module")
 def browser():
-    executable = os.environ.get("WORKBENCH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if executable is None:
-        skip_or_fail("no Chromium: install Debian's `chromium` (apt-get install -y chromium)")
-    try:
-        import playwright.sync_api as sync_api
-    except ImportError:
-        skip_or_fail("playwright is not installed: pip install -e '.[test]'")
-    with sync_api.sync_playwright() as playwright:
-        try:
-            chromium = playwright.chromium.launch(executable_path=executable, headless=True)
-        except Exception as err:  # a broken or sandbox-less browser: a skip with the reason, or a failure in CI
-            skip_or_fail(f"Chromium at {executable} did not start: {str(err).splitlines()[0]}")
+    with headless_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def test_once_chromium_is_there_the_browser_tests_must_run(tmp_path, ci):
 @pytest.mark.parametrize(("env", "fails"), [({"CI": "true"}, True), ({"WORKBENCH_REQUIRE_BROWSER": "1"}, True),
                                             ({}, False)])
 def test_the_browser_fixture_fails_in_ci_and_skips_elsewhere(monkeypatch, env, fails):
-    from tests.integration.test_browser_report import skip_or_fail
+    from tests.browser import skip_or_fail
 
     for name in ("CI", "WORKBENCH_REQUIRE_BROWSER"):
         monkeypatch.delenv(name, raising=False)
