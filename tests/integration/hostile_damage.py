@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 
 import analyses.runners.sweep
 import interp.analysis
+import models.run_folder
 import models.runs
 import models.safe_files
 from models.runs import CONFIG, METRICS, TRAIN_STATE, WeightsStamp, save_weights, verified_weights, weights_digest
@@ -237,7 +238,8 @@ def read_only(folder: Path, monkeypatch):
         yield
 
 
-WRITERS = (models.runs, interp.analysis, analyses.runners.sweep)  # the trainer writes through models.runs
+# the trainer writes through models.run_folder (RunFolder) and models.runs (weights)
+WRITERS = (models.runs, models.run_folder, interp.analysis, analyses.runners.sweep)
 
 
 def fail_writes(monkeypatch, function: str, target: Path, code: int) -> None:
