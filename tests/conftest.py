@@ -36,3 +36,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def gen():
     return seeded_generator(1234)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium for the tests that open pages in a real browser (tests/browser.py: a
+    skip naming what is missing, or a failure in CI)."""
+    from tests.browser import headless_chromium
+
+    with headless_chromium() as chromium:
+        yield chromium

@@ -28,7 +28,6 @@ from models.runs import load_run
 from models.train import Trainer
 from tasks import LegoConfig
 from tasks.lego import SPECIALS, VARIABLES
-from tests.browser import headless_chromium
 from tests.helpers import tiny_composite_run, tiny_lego_run
 
 # Every LEGO variable is renamed to a string that runs script if the report ever pastes token
@@ -38,13 +37,6 @@ IMG_TOKEN = "<img src=x onerror=window.__pwned=2>"
 CRAFTED_DIR = "<img src=x onerror=window.__pwned=3>"
 REPORT_SIZE_LIMIT = 5_000_000  # bytes, for all heads of a 6-layer model (issue 7)
 RENDER_TIMEOUT_MS = 15_000
-
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with headless_chromium() as chromium:
-        yield chromium
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,6 @@ import pytest
 
 from analyses.findings.__main__ import main
 from analyses.findings.figures import FIGURES
-from tests.browser import headless_chromium
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with headless_chromium() as chromium:
-        yield chromium
 
 
 @pytest.fixture(scope="module")
