@@ -61,22 +61,17 @@ def train_ensembles(jobs: dict[str, tuple[dict, str]], mode: str, record: Callab
 def _train_group(group: dict[str, tuple[RunConfig, Path]], progress: bool) -> list[Any]:
     """One group: each cell checked as `train_cell` checks it (finished, diverged and refused
     cells are recorded without training), the rest trained together."""
-    from analyses.runners.sweep import CellResult
+    from analyses.runners.sweep import CellResult, settled_cell
     from models.ensemble import fit_members
-    from models.runs import CONFIG, RunFolderError, read_config, read_metrics, run_state, same_recipe
+    from models.runs import RunFolderError, read_metrics
     from models.train import Trainer, TrainingDiverged
 
     results, members, names = [], [], []
     for name, (cfg, path) in group.items():
         try:
-            if (path / CONFIG).exists() and not same_recipe(read_config(path), cfg):
-                results.append(CellResult(name, "failed", error=f"{path} holds a run with another config; move it away",
-                                          refused=True))
-                continue
-            state = run_state(path, cfg)
-            if state in ("done", "diverged"):
-                metrics = read_metrics(path)
-                results.append(CellResult(name, state, metrics[-1], float(metrics[-1].get("elapsed_s", 0.0))))
+            settled, state = settled_cell(name, cfg, path)
+            if settled is not None:
+                results.append(settled)
                 continue
             members.append(Trainer(cfg, path, resume=state == "partial", progress=False))
             names.append(name)

@@ -84,20 +84,30 @@ def train_cell(name: str, cfg_dict: dict[str, Any], run_dir: str) -> CellResult:
         return CellResult(name, "failed", error=f"{err}; re-run the sweep once it has finished")
 
 
+def settled_cell(name: str, cfg: RunConfig, path: Path) -> tuple[CellResult | None, str]:
+    """A cell with nothing to train: its result (finished, diverged, or refused: the folder holds
+    another config) and its run state; else None and the state it trains from. RunFolderError
+    where the folder is damaged."""
+    if (path / CONFIG).exists() and not same_recipe(read_config(path), cfg):
+        return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away",
+                          refused=True), ""
+    state = run_state(path, cfg)
+    if state in ("done", "diverged"):
+        metrics = read_metrics(path)
+        return CellResult(name, state, metrics[-1], float(metrics[-1].get("elapsed_s", 0.0))), state
+    return None, state
+
+
 def _train_locked_cell(name: str, cfg: RunConfig, path: Path) -> CellResult:
     """`train_cell` under the cell's lock."""
     from models.train import Trainer, TrainingDiverged
 
     try:  # a cell folder with a damaged config or metrics is recorded as failed, naming the file
-        if (path / CONFIG).exists() and not same_recipe(read_config(path), cfg):
-            return CellResult(name, "failed", error=f"{path} holds a run with another config; move it away",
-                              refused=True)
-        state = run_state(path, cfg)
-        if state in ("done", "diverged"):
-            metrics = read_metrics(path)
-            return CellResult(name, state, metrics[-1], float(metrics[-1].get("elapsed_s", 0.0)))
+        settled, state = settled_cell(name, cfg, path)
     except RunFolderError as err:
         return CellResult(name, "failed", error=str(err), refused=True)
+    if settled is not None:
+        return settled
     started = time.perf_counter()
     try:
         result = Trainer(cfg, path, resume=state == "partial", progress=False).fit()
