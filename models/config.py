@@ -138,12 +138,15 @@ class TrainConfig:
       many samples, each batch drawn from it uniformly with replacement (not in epochs).
     mimic_steps: before step 0, this many steps of mimicking pre-training on random tokens
       (heads 0 and 1 of every layer imitate conv and same-token patterns; models/mimic.py).
-    compile: run the training forward and backward through torch.compile (the first steps
-      pay its warm-up; what it costs and gains: analyses/lab/workbench-runs.md, section "Benchmarks");
-      evaluation stays eager.
+    compile: run the whole training step (forward, loss, backward, clipping, AdamW) through
+      torch.compile as one graph, replayed as a CUDA graph on a GPU (the first steps pay the
+      compilation: tens of seconds on a CPU); evaluation stays eager.
     precision: "fp32", or "bf16" autocast for the training forward (where the device has bf16
       kernels); weights, optimizer and evaluation stay fp32. Only fp32 without compile gives
       bit-identical weights across runs of one seed (README).
+    tf32: on CUDA, fp32 matmuls on TF32 tensor cores (about 8x the fp32 rate on an H100/H200,
+      inputs rounded to a 10-bit mantissa); off by default, since it changes the recorded numbers.
+      No effect on the CPU.
     identity_lr_scale: the identity-attention scalars a_h, b_h (model.identity_attention) train
       at this multiple of the learning rate; they start at 0 and a same-symbol logit gap of a
       few units needs a_h of order 1, hundreds of steps at Adam's lr 1e-3.
@@ -190,6 +193,7 @@ class TrainConfig:
     mimic_steps: int = 0
     compile: bool = False
     precision: str = "fp32"
+    tf32: bool = False
     identity_lr_scale: float = 1.0
     plateau_evals: int | None = None
     plateau_tol: float = 0.002

@@ -1,6 +1,5 @@
 """The training device: which one `train.device` names, deterministic kernels while training,
-bf16 support and autocast, and handing a batch to the device. Imported by models/train.py,
-which re-exports every name here."""
+bf16 support and autocast, and handing a batch to the device."""
 
 from __future__ import annotations
 
@@ -31,21 +30,26 @@ def cuda_deterministic() -> bool:
 
 
 @contextmanager
-def deterministic_kernels(device: torch.device) -> Iterator[None]:
+def deterministic_kernels(device: torch.device, tf32: bool = False) -> Iterator[None]:
     """Deterministic kernels while training, so one seed gives the same weights: on the CPU with
     two or more threads the embedding's backward otherwise adds gradient rows in a varying order
     (two 300-step lego-cpu runs on 2 threads differed by 1e-4 in the weights). On CUDA only where
     `cuda_deterministic()`; elsewhere a CUDA run, and a resumed one, match an uninterrupted run
-    within float tolerance rather than bit for bit (README, "With a GPU"). The previous setting
-    is restored."""
+    within float tolerance rather than bit for bit (README, "With a GPU"). With `tf32` (the
+    setting train.tf32), CUDA's fp32 matmuls run on TF32 tensor cores (10-bit mantissa inputs).
+    The previous settings are restored."""
     before = torch.are_deterministic_algorithms_enabled()
+    matmul_before = torch.get_float32_matmul_precision()
     on = device.type == "cpu" or (device.type == "cuda" and cuda_deterministic())
     # warn, not fail, where a CUDA op has no deterministic kernel
     torch.use_deterministic_algorithms(before or on, warn_only=on and device.type == "cuda")
+    if tf32 and device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(before)
+        torch.set_float32_matmul_precision(matmul_before)
 
 
 def bf16_supported(device: torch.device) -> bool:

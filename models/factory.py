@@ -8,6 +8,7 @@ stochastic depth.
 from __future__ import annotations
 
 import warnings
+from typing import no_type_check
 
 import torch
 from jaxtyping import Float, Int
@@ -44,6 +45,10 @@ def build_model(cfg: ModelConfig, task: Task, seed: int = 0, device: str | torch
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.manual_seed(seed)
         model = HookedTransformer(tl_cfg)
+        for block in model.blocks:
+            # a Python float, not TransformerLens's numpy scalar: torch.compile cannot trace numpy
+            # values under torch.func's transforms (the training step, models/step.py); same value
+            block.attn.attn_scale = float(block.attn.attn_scale)
         if cfg.init_gamma is not None:
             apply_init_scale(model, cfg.init_gamma)
         if cfg.unembed_bias_init == "uniform":
@@ -184,7 +189,8 @@ def forward(
     return model.unembed(final_norm(model, model(tokens, stop_at_layer=depth)))
 
 
-def final_norm(model, resid):  # unannotated: the tests' runtime shape checks break torch.compile tracing it
+@no_type_check  # traced by torch.compile (models/step.py), which cannot trace the tests' type-checking wrappers
+def final_norm(model, resid):
     """The norm before the unembedding; none in post-LN models, whose blocks end normalised."""
     norm = getattr(model, "ln_final", None)
     return norm(resid) if norm is not None else resid

@@ -56,6 +56,9 @@ def _add_identity_scores(attn: nn.Module, state: dict[str, Tensor], off_diagonal
 def _add_identity_output(attn: nn.Module, state: dict[str, Tensor]):
     def hook(out: Tensor, hook) -> Tensor:  # [batch pos d_model]
         copied = torch.einsum("bhqk,bkd,h->bqd", state["pattern"], state["x"], attn.identity_b)
+        # the block's last use of them: a tensor kept past its forward would hold memory, and
+        # torch.compile would find a previous call's (torch.func-wrapped) tensor in the dict
+        state.clear()
         return out + copied
 
     return hook

@@ -29,17 +29,9 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from models.config import RunConfig
+from models.device import check_precision, resolve_device, to_device, training_precision
 from models.factory import build_model
-from models.train import (
-    check_precision,
-    evaluation_batch,
-    learning_rate,
-    next_training_batch,
-    resolve_device,
-    to_device,
-    training_precision,
-    training_set,
-)
+from models.train import evaluation_batch, learning_rate, next_training_batch, training_set
 from tasks import Batch, ConfigError, Task, make_task, seeded_generator
 from tasks.base import UnpaddedTask
 

@@ -1,18 +1,21 @@
-"""The trainer: AdamW with warm-up + cosine, loss only on supervised labels, periodic evaluation
-on held-out data, atomic resumable checkpoints, and a stop with a clear message on divergence.
+"""Training: the loop, and one run's bookkeeping.
 
-A `Trainer` is one run's state: config, task, data generators, schedule, stop rule, run folder,
-metrics and snapshots. `Trainer.fit()` trains it as an ensemble of one (models/ensemble.py, the one
-training loop): `_train_step` steps its own model, `after_step` evaluates and checkpoints. Several
-Trainers of one shape train as one stacked ensemble, each still writing its own run folder.
+`train_runs(runs)` is the one training loop, for K >= 1 runs of one shape trained together (K = 1
+is a lone run): each step it draws every run's batch, calls the step (models/step.py: forward,
+loss, backward, clipping and AdamW over the stacked parameters, compiled whole with
+train.compile), then lets each run do what is due at its new step: snapshot, evaluation with the
+stop rule, checkpoint. A `Trainer` is one run's state: config, task, data generators, schedule,
+stop rule, run folder, metrics and snapshots; its weights live in its own model, which the loop
+fills from the stack when the run needs them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import inspect
 import math
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,17 +23,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from models.config import RunConfig, TrainConfig
-from models.device import (  # re-exported: models.train is where callers import them from
-    bf16_supported,
-    check_precision,
-    cuda_deterministic,  # noqa: F401
-    deterministic_kernels,  # noqa: F401
-    resolve_device,
-    to_device,
-    training_precision,
-)
+from models.device import bf16_supported, check_precision, deterministic_kernels, resolve_device, to_device
 from models.factory import build_model, forward, unique_parameters
 from models.memory import EVAL_CHUNK, check_memory
 from models.runs import (
@@ -46,6 +42,7 @@ from models.runs import (
     verified_weights,
 )
 from models.snapshots import EventWatch, SnapshotKeeper, scheduled_steps
+from models.step import Member, Moments, Stack
 from tasks import Batch, ConfigError, Task, logits_at_labels, make_task, seeded_generator
 
 IDENTITY_SCALARS = ("identity_a", "identity_b")  # models/identity_attention.py
@@ -83,18 +80,6 @@ def fastest_cpu_options() -> dict[str, Any]:
     device = torch.device("cpu")
     return {"compile": has_cpu_compiler(),
             "precision": "bf16" if bf16_supported(device) else "fp32"}
-
-
-def compiled_forward():
-    """`models.factory.forward` through torch.compile. The function is compiled, not the module,
-    so that what the model's own forward does around the blocks (planted heads remember the
-    tokens there) is traced too; it is unwrapped first, since dynamo cannot trace the runtime
-    type checkers the tests install around it. Dynamo's caches are cleared first: a graph
-    compiled for one model can otherwise be reused for another of the same shapes whose own
-    forward differs (measured: a planted model ran a plain model's graph), so one process
-    trains one compiled model at a time."""
-    torch._dynamo.reset()
-    return torch.compile(inspect.unwrap(forward))
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -150,16 +135,86 @@ def next_training_batch(task: Task, train_set: Batch | None, size: int, gen: tor
     return train_set.select(torch.randint(len(train_set), (size,), generator=gen))
 
 
-def supervised_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Cross-entropy over the supervised labels only, read at their label positions."""
-    picked = logits_at_labels(logits, batch.label_pos)
-    return F.cross_entropy(picked[batch.loss_mask], batch.labels[batch.loss_mask])
+def train_runs(runs: list[Trainer], progress: bool = True, desc: str | None = None) -> list[Any]:
+    """Train every run to its end, together: per run its TrainResult, or for a member of a larger
+    ensemble the TrainingDiverged that ended it (a lone run raises it). Every run's folder is
+    locked while training. The runs must share one shape (models/ensemble.py, `shape_key`)."""
+    # denormal floats make CPU matmuls several times slower once small weights decay (large
+    # init, gamma ~0.3); flushing them to zero changes no result we measure
+    torch.set_flush_denormal(True)
+    first = runs[0]
+    with contextlib.ExitStack() as held:
+        for run in runs:
+            held.enter_context(run.folder.lock())
+        held.enter_context(deterministic_kernels(first.device, tf32=first.cfg.train.tf32))
+        for run in runs:
+            run._restore() if run.resume else run._start()
+        for run in runs:
+            run.begin_loop()
+        with _progress_bar(runs, progress, desc) as bar:
+            ended = _loop(runs, bar)
+    return [ended.get(id(run)) or run.result() for run in runs]
+
+
+def _loop(runs: list[Trainer], bar: tqdm) -> dict[int, TrainingDiverged]:
+    """The loop: steps until every run has finished. Runs that finish are frozen in the stack;
+    once half of it is frozen, the runs still training are stacked anew."""
+    lone, ended = len(runs) == 1, {}
+    active = [run for run in runs if not run.finished]
+    while active:
+        stack = Stack([run.member() for run in active], compile=active[0].cfg.train.compile,
+                      precision=active[0].cfg.train.precision, device=active[0].device)
+        while 2 * sum(stack.live) > stack.size:
+            stepping = sum(stack.live)
+            batches = [run._next_batch() if live else None for run, live in zip(active, stack.live)]
+            losses = stack.step(batches, [run.learning_rate() for run in active], active[0].draw_depth())
+            on_cpu = losses.device.type == "cpu"  # the CPU checks every step's loss; a GPU, at evaluations
+            for k, (run, loss) in enumerate(zip(active, losses.tolist() if on_cpu else [None] * stack.size)):
+                if not stack.live[k]:
+                    continue
+                try:
+                    run.count_step(loss)
+                    if run.wants_weights():
+                        run.loss_sum += stack.copy_out(k)
+                    run.after_step()
+                except TrainingDiverged as err:
+                    if lone:
+                        raise
+                    ended[id(run)] = err
+                if run.finished or id(run) in ended:
+                    stack.freeze(k)
+            bar.update(stepping)
+            _show(bar, active, lone)
+        for k, run in enumerate(active):
+            if stack.live[k]:
+                run.loss_sum += stack.copy_out(k)
+        active = [run for run, live in zip(active, stack.live) if live]
+    return ended
+
+
+def _progress_bar(runs: list[Trainer], progress: bool, desc: str | None) -> tqdm:
+    # in a log file (no terminal) one line every 30 s, not a redraw every second
+    interval = 1.0 if sys.stderr.isatty() else 30.0
+    name = runs[0].folder.path.name if len(runs) == 1 else desc or f"ensemble of {len(runs)}"
+    return tqdm(total=sum(r.cfg.train.steps for r in runs), initial=sum(r.step for r in runs), disable=not progress,
+                desc=name, dynamic_ncols=True, mininterval=interval)
+
+
+def _show(bar: tqdm, runs: list[Trainer], lone: bool) -> None:
+    if not lone:
+        bar.set_postfix(training=sum(not run.finished for run in runs))
+        return
+    run = runs[0]
+    if run.step % run.cfg.train.eval_every == 0 or run.step == run.cfg.train.steps:
+        value = run.record.get(run.task.headline_metric)
+        bar.set_postfix(loss=f"{run.record['train_loss']:.3f}", acc="-" if value is None else f"{value:.3f}")
 
 
 class Trainer:
-    """Trains one run into `folder` (a RunFolder, or its path), which says what the run's files
+    """One run: trains into `folder` (a RunFolder, or its path), which says what the run's files
     are and checks what it reads. With `resume=True` it continues from the folder's last
-    checkpoint and ends with the same weights as an uninterrupted run."""
+    checkpoint and ends with the same weights as an uninterrupted run. `fit()` trains it alone;
+    `train_runs` trains several together."""
 
     def __init__(self, cfg: RunConfig, folder: RunFolder | str | Path, *, resume: bool = False, progress: bool = True):
         self.cfg, self.resume, self.progress = cfg, resume, progress
@@ -168,26 +223,27 @@ class Trainer:
         self.device = resolve_device(cfg.train.device)
         check_memory(cfg, self.task, self.device)  # before anything is allocated or written
         self.model = build_model(cfg.model, self.task, seed=cfg.train.seed, device=self.device)
-        self.optimizer = self._make_optimizer()
+        self.groups = self._param_groups()
+        self.moments: dict[str, Moments] = {}  # AdamW's state by parameter name, filled by the stack
         check_precision(self.device, cfg.train.precision)
         check_compile(self.device, cfg.train.compile)
-        # evaluation, patching and analysis use the eager model; only training steps are compiled
-        self.train_forward = compiled_forward() if cfg.train.compile else forward
         seed = cfg.train.seed
         self.data_gen, self.depth_gen = seeded_generator(seed), seeded_generator(seed + 1)
         # evaluation data comes from its own seeds, so it is the same however training is split
         self.eval_batch = evaluation_batch(self.task, cfg.train)
         self._check_stop_rule_metrics()
         self.train_set = training_set(self.task, cfg.train)
-        # the training loss is summed on the device and read at evaluations and checkpoints only,
-        # so a GPU never waits for the host within a step
-        self.step, self.loss_count, self.elapsed = 0, 0, 0.0
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        # the training loss summed since the last evaluation: the stack sums it on the device and
+        # hands it over when the run's weights are copied out
+        self.step, self.loss_count, self.elapsed, self.loss_sum = 0, 0, 0.0, 0.0
         # checked before anything is written; a resumed run starts from its own checkpoint instead
         self.init = (None if resume or cfg.train.init_from is None
                      else starting_weights(cfg, self.model, Path(cfg.train.init_from)))
         self.snapshots = self._snapshot_keeper()
-        self.pull = None  # set by a stacked ensemble (models/ensemble.py): copies this member's state out
+
+    def fit(self) -> TrainResult:
+        """Train this run alone (an ensemble of one)."""
+        return train_runs([self], progress=self.progress)[0]
 
     def _snapshot_keeper(self) -> SnapshotKeeper | None:
         """What keeps the run's snapshots (models/snapshots.py); None with train.snapshots=0."""
@@ -213,31 +269,25 @@ class Trainer:
                               f"which this task's "
                               f"evaluation does not record; it records {sorted(recorded)}")
 
-    def _make_optimizer(self) -> torch.optim.AdamW:
-        """Weight decay on weight matrices only (`weight_decay_on="all"`: on every parameter); the
-        identity-attention scalars in a group of their own when `identity_lr_scale` != 1 (each
-        group's lr is the schedule's times its `lr_scale`; they decay only under "all")."""
+    def _param_groups(self) -> dict[str, tuple[float, float]]:
+        """Every parameter's (lr scale, weight decay), in the order of torch AdamW's param groups
+        (decayed, not decayed, identity scalars), which numbers the optimizer state in the train
+        state. Weight decay on weight matrices only (`weight_decay_on="all"`: on every
+        parameter); the identity-attention scalars at `identity_lr_scale` times the lr when it is
+        not 1 (they decay only under "all")."""
         train, params = self.cfg.train, unique_parameters(self.model)
         leaf = {n: n.rsplit(".", 1)[-1] for n in params}
         scaled = {n for n in params if leaf[n] in IDENTITY_SCALARS} if train.identity_lr_scale != 1 else set()
         decays = (lambda n: True) if train.weight_decay_on == "all" else (lambda n: leaf[n].startswith("W_"))
-        decay = [p for n, p in params.items() if decays(n) and n not in scaled]
-        rest = [p for n, p in params.items() if not decays(n) and n not in scaled]
-        groups = [{"params": decay, "weight_decay": train.weight_decay, "lr_scale": 1.0},
-                  {"params": rest, "weight_decay": 0.0, "lr_scale": 1.0}]
-        if scaled:
-            groups.append({"params": [params[n] for n in scaled], "lr_scale": train.identity_lr_scale,
-                           "weight_decay": train.weight_decay if train.weight_decay_on == "all" else 0.0})
-        # the fused kernel on CUDA: one launch for all parameters (the CPU keeps the default, so
-        # CPU weights stay bit-identical to those of earlier versions)
-        return torch.optim.AdamW(groups, lr=train.lr, fused=True if self.device.type == "cuda" else None)
+        groups = {n: (1.0, train.weight_decay) for n in params if decays(n) and n not in scaled}
+        groups.update({n: (1.0, 0.0) for n in params if not decays(n) and n not in scaled})
+        scaled_decay = train.weight_decay if train.weight_decay_on == "all" else 0.0
+        groups.update({n: (train.identity_lr_scale, scaled_decay) for n in params if n in scaled})
+        return groups
 
-    def fit(self) -> TrainResult:
-        """Train the run: an ensemble of one (models/ensemble.py, `fit_members`), which trains
-        this model itself, step by step, as it always has."""
-        from models.ensemble import fit_members
-
-        return fit_members([self], progress=self.progress)[0]
+    def member(self) -> Member:
+        """What the step needs of this run (models/step.py)."""
+        return Member(self.model, self.moments, self.groups, self.cfg.train.grad_clip)
 
     def begin_loop(self) -> None:
         """Ready for the training loop, after `_start` or `_restore`: the clock, and whether the
@@ -250,29 +300,44 @@ class Trainer:
     def finished(self) -> bool:
         return self.step >= self.cfg.train.steps or self.stopped
 
-    def after_step(self) -> None:
-        """What follows a training step: the scheduled snapshot, the evaluation (and the stop
-        rule) and the checkpoint where they are due. In an ensemble `own_weights` first copies
-        this member's weights and optimizer state out of the stacked ones."""
-        train = self.cfg.train
+    def learning_rate(self) -> float:
+        """This step's learning rate (the schedule's; parameters scale it by their lr scale)."""
+        return learning_rate(self.step, self.cfg.train)
+
+    def draw_depth(self) -> int | None:
+        """Stochastic depth: how many blocks this step runs, drawn from the run's own generator."""
+        low = self.cfg.model.min_depth
+        if low is None:
+            return None
+        return int(torch.randint(low, self.cfg.model.n_layers + 1, (1,), generator=self.depth_gen))
+
+    def count_step(self, loss: float | None) -> None:
+        """A step taken: `loss` is its training loss where it was read (the CPU reads every
+        step's, and a non-finite one ends the run as diverged; a GPU's is checked at evaluations
+        and checkpoints)."""
+        if loss is not None and not math.isfinite(loss):
+            self._record_divergence(loss)
         self.step += 1
+        self.loss_count += 1
+
+    def wants_weights(self) -> bool:
+        """Whether `after_step` reads this run's weights: a snapshot, evaluation or checkpoint is due."""
+        train, step = self.cfg.train, self.step
+        return ((self.snapshots is not None and self.snapshots.due(step)) or step % train.eval_every == 0
+                or step % train.checkpoint_every == 0 or step == train.steps)
+
+    def after_step(self) -> None:
+        """What follows a training step, with the run's weights in its model: the scheduled
+        snapshot, the evaluation (and the stop rule) and the checkpoint where they are due."""
+        train = self.cfg.train
         if self.snapshots is not None and self.snapshots.due(self.step):
-            self.own_weights()
             self.snapshots.after_step(self.step, unique_parameters(self.model))
         self.elapsed = time.perf_counter() - self.started
         if self.step % train.eval_every == 0 or self.step == train.steps:
-            self.own_weights()
             self.record = self._evaluate()
             self.stopped = bool(self.record.get("stopped"))
         if self.step % train.checkpoint_every == 0 or self.step == train.steps or self.stopped:
-            self.own_weights()
             self._checkpoint()
-
-    def own_weights(self) -> None:
-        """Make `self.model` and `self.optimizer` hold this run's current weights and state: they
-        do, unless a stacked ensemble trains it (which sets `self.pull`)."""
-        if self.pull is not None:
-            self.pull(self)
 
     def result(self) -> TrainResult:
         return TrainResult(self.step, self.elapsed, self.record or (self.folder.metrics() or [{}])[-1])
@@ -313,36 +378,12 @@ class Trainer:
         return to_device(next_training_batch(self.task, self.train_set, self.cfg.train.batch_size, self.data_gen),
                          self.device)
 
-    def _train_step(self, batch: Batch) -> None:
-        self.model.train()
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.step, self.cfg.train) * group.get("lr_scale", 1.0)
-        with training_precision(self.device, self.cfg.train.precision):
-            logits = self.train_forward(self.model, batch.tokens, self._draw_depth())
-        loss = supervised_loss(logits.float(), batch)
-        if self.device.type == "cpu" and not torch.isfinite(loss):  # on a GPU: `_check_finite`
-            self._record_divergence(loss.item())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.cfg.train.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
-        self.optimizer.step()
-        self.loss_sum += loss.detach()
-        self.loss_count += 1
-
-    def _draw_depth(self) -> int | None:
-        low = self.cfg.model.min_depth
-        if low is None:
-            return None
-        return int(torch.randint(low, self.cfg.model.n_layers + 1, (1,), generator=self.depth_gen))
-
     def _check_finite(self) -> None:
         """The divergence check of a GPU run, where the loss is not read every step: at each
         evaluation and before each checkpoint, so no NaN weights are ever saved; the recorded
         step is then the first evaluation or checkpoint after the loss became NaN."""
-        total = self.loss_sum.item()
-        if not math.isfinite(total):
-            self._record_divergence(total)
+        if not math.isfinite(self.loss_sum):
+            self._record_divergence(self.loss_sum)
 
     def _record_divergence(self, value: float) -> None:
         self.folder.append_metrics({"step": self.step, "diverged": True, "train_loss": str(value)})
@@ -365,11 +406,10 @@ class Trainer:
         eval_loss = F.cross_entropy(picked[scored], batch.labels[scored]).item()
         record = {
             "step": self.step, "lr": learning_rate(self.step - 1, self.cfg.train),
-            "train_loss": self.loss_sum.item() / max(1, self.loss_count), "eval_loss": eval_loss,
+            "train_loss": self.loss_sum / max(1, self.loss_count), "eval_loss": eval_loss,
             "elapsed_s": round(self.elapsed, 2), **self.task.accuracy(batch.to("cpu"), picked.argmax(-1).cpu()),
         }
-        self.loss_sum.zero_()
-        self.loss_count = 0
+        self.loss_sum, self.loss_count = 0.0, 0
         if self.snapshots is not None:
             events = self.snapshots.at_evaluation(self.step, record, unique_parameters(self.model))
             if events:
@@ -416,11 +456,14 @@ class Trainer:
 
     def _checkpoint(self) -> None:
         """The run folder's checkpoint (`RunFolder.save_checkpoint`), after the divergence check,
-        so that no NaN weights are ever saved."""
+        so that no NaN weights are ever saved. The optimizer state is written as torch's AdamW
+        keeps it: by the parameter's index in its param groups, with a float32 step count."""
         self._check_finite()
-        progress = Progress(self.step, self.elapsed, self.loss_sum.item(), self.loss_count)
-        self.folder.save_checkpoint(progress, unique_parameters(self.model), self.optimizer.state_dict()["state"],
-                                    self.generators)
+        progress = Progress(self.step, self.elapsed, self.loss_sum, self.loss_count)
+        state = {index: {"step": torch.tensor(float(m.steps), dtype=torch.float32), "exp_avg": m.exp_avg,
+                         "exp_avg_sq": m.exp_avg_sq}
+                 for index, name in enumerate(self.groups) if (m := self.moments.get(name)) is not None}
+        self.folder.save_checkpoint(progress, unique_parameters(self.model), state, self.generators)
 
     def _restore(self) -> None:
         """Continue from the folder's checkpoint. Its train state is the truth: a weights file that
@@ -431,14 +474,16 @@ class Trainer:
             self._begin_at_step_0()
             return
         load_weights(self.model, checkpoint.weights, source=checkpoint.path)
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        state = checkpoint.optimizer_state(params, self.device)
-        self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
+        params = unique_parameters(self.model)
+        names = list(self.groups)
+        state = checkpoint.optimizer_state([params[n] for n in names], self.device)
+        self.moments.update({names[index]: Moments(entry["exp_avg"], entry["exp_avg_sq"], int(entry["step"].item()))
+                             for index, entry in state.items()})
         checkpoint.restore_generators(self.generators)
         checkpoint.check_digest()  # after the checks by field, which name what is wrong
         progress = checkpoint.progress
         self.step, self.elapsed, self.loss_count = progress.step, progress.elapsed, progress.loss_count
-        self.loss_sum.fill_(progress.loss_sum)
+        self.loss_sum = float(progress.loss_sum)
         self.folder.restore_weights_file(checkpoint)
         self.folder.drop_metrics_after(self.step)
         if self.snapshots is not None:

@@ -50,20 +50,20 @@ def kill_then_resume(cfg: RunConfig, run_dir, monkeypatch, at_step: int = 15) ->
     from models.train import Trainer
 
     killed = Trainer(cfg, run_dir, progress=False)
-    original = killed._train_step
+    original = killed._next_batch
 
-    def dying_step(batch):
+    def dying_step():
         if killed.step == at_step:
             raise Killed
-        return original(batch)
+        return original()
 
-    monkeypatch.setattr(killed, "_train_step", dying_step)
+    monkeypatch.setattr(killed, "_next_batch", dying_step)
     with pytest.raises(Killed):
         killed.fit()
     resumed = Trainer(cfg, run_dir, resume=True, progress=False)
     steps_run = []
-    resumed_step = resumed._train_step
-    monkeypatch.setattr(resumed, "_train_step", lambda batch: steps_run.append(resumed.step) or resumed_step(batch))
+    resumed_step = resumed._next_batch
+    monkeypatch.setattr(resumed, "_next_batch", lambda: steps_run.append(resumed.step) or resumed_step())
     resumed.fit()
     checkpoint = at_step // cfg.train.checkpoint_every * cfg.train.checkpoint_every
     assert steps_run == list(range(checkpoint, cfg.train.steps)), "resume did not start at the last checkpoint"

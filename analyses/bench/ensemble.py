@@ -1,130 +1,149 @@
-"""`workbench benchmark --ensemble K`: K members of one shape trained one after another, and the
-same K as one stacked ensemble (models/ensemble.py), side by side in one run, so the ratio holds
-on a loaded machine too.
+"""`workbench benchmark --ensemble K`: where a training step's time goes, per shape, side by side in
+one run (so the ratios hold on a loaded machine too):
 
-Each member is a real `Trainer` (fresh folder, nothing written): one after another, each member's
-step is `Trainer._train_step` on its own next batch, as a lone run steps; together, one
-`StackedStepper` step over all K batches. Printed per shape: member-steps/s both ways, the ratio
-(ensemble / one after another; >= 1.0 means the ensemble is at least as fast), and the achieved
-FLOP/s of both as a fraction of a matmul peak measured in the same run (one member step's FLOPs
-counted by FlopCounterMode).
+- lone eager: one run's step, eager (the trainer's stack of one, models/step.py);
+- lone compiled: the same step through torch.compile (on CUDA, replayed as a CUDA graph);
+- ensemble compiled: K runs (seeds and init scales differ) as one stacked step, compiled.
 
-Timed: the best of `repeats` rounds of `steps` steps each way, the two ways interleaved, after one
-warm-up round (CPU: 4 rounds of 2 steps, so that K = 12 takes minutes; CUDA: 5 of 3).
+Printed per shape: member-steps/s of each, the ratio of the compiled ensemble to compiled lone
+runs (>= 1.0: training K together is at least as fast as one after another), the achieved FLOP/s
+as a fraction of a matmul peak measured in the same run (one member step's FLOPs counted by
+FlopCounterMode), and on CUDA the kernel launches and host syncs per step (torch.profiler).
+Each step includes drawing the members' batches on the host, as in training.
 
-Shapes: composite-matched (the composite-cpu width, bias-free: the matched phase diagram's cells)
-and lego-cpu at their own batch sizes; composite-paper and lego-gpu at their own batch sizes on
-CUDA, and at batch `CPU_BIG_BATCH` on the CPU (a batch-2048 step of composite-paper takes
-seconds there), and only up to K = 4. Every shape is timed in fp32 eager, the only mode an
-ensemble trains in (docs/ensembles.md).
+Timed: the best of `repeats` rounds of `steps` steps each way, the ways interleaved, after the
+warm-up (compilation: tens of seconds per graph on a CPU). Where torch.compile cannot run (no C++
+compiler on a CPU), the compiled columns are skipped and the eager ensemble is timed instead.
+
+Shapes: composite-matched and lego-cpu at their own batch sizes; composite-paper and lego-gpu at
+their own batch sizes on CUDA, at batch `CPU_BIG_BATCH` on the CPU and there only up to K = 4.
 """
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import interp.tasks  # noqa: F401  (registers the presets named below)
-from analyses.bench.throughput import best_time, matmul_peak, peak_matmul
-from models.device import deterministic_kernels
-from models.ensemble import StackedStepper
+from analyses.bench.throughput import UNWRITTEN, best_time, matmul_peak, peak_matmul, step_flops, training_stack
+from models.device import deterministic_kernels, resolve_device
 from models.presets import get_preset
-from models.train import Trainer, resolve_device
+from models.train import check_compile
+from tasks import ConfigError
 
 CPU_BIG_BATCH = 16
 CPU_BIG_MAX_K = 4  # the GPU shapes on the CPU only up to this K: beyond, minutes per shape
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+SYNCS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
 
 def ensemble_shapes(device: torch.device, k: int, quick: bool = False) -> dict:
     """The shapes to time on `device`, as configs; the GPU shapes at a cut batch on the CPU, and
     there only up to K = CPU_BIG_MAX_K."""
     shapes = {name: get_preset(name) for name in ("composite-matched", "lego-cpu")}
-    if device.type == "cpu" and k > CPU_BIG_MAX_K and not quick:
+    if quick:  # a test of the command's shape: tiny batches, the small shapes only
+        return {name: cfg.with_overrides(["train.batch_size=4"]) for name, cfg in shapes.items()}
+    if device.type == "cpu" and k > CPU_BIG_MAX_K:
         print(f"composite-paper and lego-gpu: not timed on the CPU at K > {CPU_BIG_MAX_K} (minutes per shape); "
               f"`--device cuda` times them at their own batch sizes")
         return shapes
-    big = {name: get_preset(name) for name in ("composite-paper", "lego-gpu")}
-    for name, cfg in big.items():
+    for name in ("composite-paper", "lego-gpu"):
         cut = [] if device.type == "cuda" else [f"train.batch_size={CPU_BIG_BATCH}"]
-        shapes[name] = cfg.with_overrides(["train.precision=fp32", "train.n_train=null", *cut])
-    if quick:  # a test of the command's shape: tiny batches, the small shapes only
-        shapes = {name: shapes[name].with_overrides(["train.batch_size=4"])
-                  for name in ("composite-matched", "lego-cpu")}
+        shapes[name] = get_preset(name).with_overrides(["train.precision=fp32", "train.n_train=null", *cut])
     return shapes
 
 
-def _members(cfg, k: int, device: torch.device, root: Path) -> list[Trainer]:
-    """K trainers of `cfg` differing in seed and init scale, on `device`, in fresh folders."""
-    overrides = [f"train.device={device.type}", "train.eval_size=64", "train.snapshots=0", "train.mimic_steps=0",
-                 "train.plateau_evals=null", "train.plateau_min_steps=0", "train.plateau_watch=[]"]
-    gammas = [0.5, 0.7, 0.9, 1.0]
-    members = []
-    for index in range(k):
-        member = cfg.with_overrides([*overrides, f"train.seed={index}", f"model.init_gamma={gammas[index % 4]}"])
-        members.append(Trainer(member, root / f"m{index}", progress=False))
-    return members
+def stepper(cfg, k: int, device: torch.device, compile: bool) -> Callable[[], None]:
+    """One training step of K runs of `cfg` as one stack, batches drawn as the loop draws them."""
+    runs, stack = training_stack(cfg, device, UNWRITTEN, k, compile)
+
+    def step() -> None:
+        stack.step([run._next_batch() for run in runs], [run.learning_rate() for run in runs])
+
+    return step
 
 
-def time_shape(cfg, k: int, device: torch.device, steps: int, repeats: int) -> dict[str, float]:
-    """Seconds per round (every member one step) one after another and as one ensemble, and one
-    member step's FLOPs."""
-    with tempfile.TemporaryDirectory() as tmp:
-        alone = _members(cfg, k, device, Path(tmp) / "alone")
-        together = _members(cfg, k, device, Path(tmp) / "together")
-        stepper = StackedStepper(together)
+def launches_and_syncs(step: Callable[[], None], steps: int) -> tuple[float, float]:
+    """CUDA kernel launches (a CUDA graph's replay counts one) and host syncs per step, from the
+    profiler's CUDA runtime events."""
+    from torch.profiler import ProfilerActivity, profile
 
-        def one_after_another() -> None:
-            for _ in range(steps):
-                for member in alone:
-                    member._train_step(member._next_batch())
-                    member.step += 1
-
-        def as_ensemble() -> None:
-            for _ in range(steps):
-                stepper.step([member._next_batch() for member in together])
-
-        one_after_another(), as_ensemble()  # warm-up: first-call allocations, vmap's tracing
-        with FlopCounterMode(display=False) as counter:
-            alone[0]._train_step(alone[0]._next_batch())
-        # interleaved, the best of each: a load that comes and goes touches both ways alike
-        alone_s, together_s = [], []
-        for _ in range(repeats):
-            alone_s.append(best_time(one_after_another, 1, device))
-            together_s.append(best_time(as_ensemble, 1, device))
-        return {"alone_s": min(alone_s) / steps, "ensemble_s": min(together_s) / steps,
-                "flops_per_member_step": counter.get_total_flops()}
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    counts = {e.key: e.count for e in prof.key_averages()}
+    launches = sum(counts.get(name, 0) for name in LAUNCHES)
+    syncs = sum(counts.get(name, 0) for name in SYNCS) - 1  # less the synchronize that ends the profile
+    return launches / steps, max(syncs, 0) / steps
 
 
-def run_ensemble_benchmark(k: int, device_name: str = "cpu", quick: bool = False) -> dict[str, dict[str, float]]:
-    """Time every shape of `ensemble_shapes` with `k` members; print and return the numbers."""
+def time_shape(cfg, k: int, device: torch.device, steps: int, repeats: int, compiles: bool) -> dict[str, float]:
+    """Seconds per member step: lone eager, lone compiled and the K-member ensemble compiled (eager
+    where nothing compiles); one member step's FLOPs; on CUDA launches and syncs per step."""
+    ways = {"lone_eager": (1, False), "lone_compiled": (1, True), "ensemble_compiled": (k, True)}
+    if not compiles:
+        ways = {"lone_eager": (1, False), "ensemble_eager": (k, False)}
+    # every stack built before any is compiled: building a compiled one clears dynamo's caches
+    steppers = {way: stepper(cfg, members, device, compiled) for way, (members, compiled) in ways.items()}
+    for step in steppers.values():
+        step(), step()  # warm-up: compilation, CUDA graph capture, first allocations
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(repeats):  # interleaved, the best of each: a passing load touches every way alike
+        for way, step in steppers.items():
+            seconds[way].append(best_time(lambda step=step: [step() for _ in range(steps)], 1, device) / steps)
+    result = {f"{way}_s": min(values) / ways[way][0] for way, values in seconds.items()}
+    result["flops_per_member_step"] = step_flops(cfg, device)
+    if device.type == "cuda":
+        for way, step in steppers.items():
+            result[f"{way}_launches"], result[f"{way}_syncs"] = launches_and_syncs(step, steps)
+    return result
+
+
+def run_ensemble_benchmark(k: int, device_name: str = "cpu", quick: bool = False,
+                           only: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """Time every shape of `ensemble_shapes` (or those named in `only`) with `k` members; print
+    and return the numbers."""
     if k < 1:
-        raise ValueError(f"--ensemble {k}: K must be >= 1")
+        raise ConfigError(f"--ensemble {k}: K must be >= 1")
+    known = ("composite-matched", "lego-cpu", "composite-paper", "lego-gpu")
+    unknown = [name for name in only or [] if name not in known]
+    if unknown:
+        raise ConfigError(f"--shapes {','.join(unknown)}: unknown; choose from {','.join(known)}")
     device = resolve_device(device_name, setting="benchmark --device")
-    torch.set_flush_denormal(True)  # as the trainer does (models/ensemble.py, fit_members)
+    torch.set_flush_denormal(True)  # as the trainer does
     cuda = device.type == "cuda"
-    # the GPU's bf16 peak (what the issue's figures are against); the CPU's fp32 one, the ensemble's precision
+    try:
+        check_compile(device, True)
+        compiles = True
+    except ConfigError as err:
+        print(f"compiled steps skipped: {err}")
+        compiles = False
+    # the GPU's bf16 peak (what the paper-scale targets are against); the CPU's fp32 one
     dtype, size = peak_matmul(device) if cuda else (torch.float32, 1024)
-    steps, repeats = (2, 2) if quick else (2, 4) if not cuda else (3, 5)
+    steps, repeats = (2, 2) if quick else (2, 3) if not cuda else (10, 5)
     name = torch.cuda.get_device_name(device) if cuda else f"{torch.get_num_threads()} CPU threads"
     peak = matmul_peak(size if not quick else 256, 3 if quick else 20, device, dtype)
     label = "bf16" if dtype == torch.bfloat16 else "fp32"
     print(f"ensemble benchmark: K={k} on {device} ({name}); {label} matmul peak measured now: "
           f"{peak / 1e9:,.1f} GFLOP/s ({size}x{size})")
     results = {}
-    for shape, cfg in ensemble_shapes(device, k, quick).items():
+    shapes = ensemble_shapes(device, k if not only else 1, quick)
+    for shape, cfg in {n: c for n, c in shapes.items() if only is None or n in only}.items():
         with deterministic_kernels(device):  # as the trainer trains (models/device.py)
-            timing = time_shape(cfg, k, device, steps, repeats)
-        alone_rate, together_rate = k / timing["alone_s"], k / timing["ensemble_s"]
+            timing = time_shape(cfg, k, device, steps, repeats, compiles)
         flops = timing["flops_per_member_step"]
-        results[shape] = {**timing, "members": k, "batch_size": cfg.train.batch_size,
-                          "alone_member_steps_per_s": alone_rate, "ensemble_member_steps_per_s": together_rate,
-                          "ratio": together_rate / alone_rate, "alone_fraction_of_peak": alone_rate * flops / peak,
-                          "ensemble_fraction_of_peak": together_rate * flops / peak}
-        r = results[shape]
-        print(f"{shape} (batch {cfg.train.batch_size}, fp32 eager), K={k}: one after another "
-              f"{alone_rate:.2f} member-steps/s ({r['alone_fraction_of_peak']:.1%} of the {label} peak), ensemble "
-              f"{together_rate:.2f} member-steps/s ({r['ensemble_fraction_of_peak']:.1%}); ratio {r['ratio']:.2f}")
+        rates = {key[:-2]: 1 / value for key, value in timing.items() if key.endswith("_s")}
+        together = rates.get("ensemble_compiled", rates.get("ensemble_eager"))
+        alone = rates.get("lone_compiled", rates["lone_eager"])
+        results[shape] = {**timing, "members": k, "batch_size": cfg.train.batch_size, "ratio": together / alone,
+                          **{f"{way}_member_steps_per_s": rate for way, rate in rates.items()},
+                          **{f"{way}_fraction_of_peak": rate * flops / peak for way, rate in rates.items()}}
+        cells = "; ".join(f"{way.replace('_', ' ')} {rate:,.1f} ({rate * flops / peak:.1%} of peak"
+                          + (f", {timing[way + '_launches']:.0f} launches, {timing[way + '_syncs']:.1f} syncs"
+                             if cuda else "") + ")" for way, rate in rates.items())
+        print(f"{shape} (batch {cfg.train.batch_size}, fp32), member-steps/s, K={k}: {cells}; "
+              f"ensemble / lone: {together / alone:.2f}")
     return results

@@ -29,28 +29,26 @@ it would measure the kernel launches only.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import interp.tasks  # noqa: F401 (registers each task's presets)
 from analyses.bench.patching import best_times
+from models.device import bf16_supported, to_device
 from models.factory import build_model, forward
 from models.presets import get_preset
-from models.train import (
-    bf16_supported,
-    check_compile,
-    compiled_forward,
-    supervised_loss,
-    to_device,
-    training_precision,
-)
+from models.step import Stack, masked_cross_entropy
+from models.train import Trainer, check_compile
 from tasks import Batch, CompositeConfig, ConfigError, LegoConfig, make_task, seeded_generator
 
 CPU = torch.device("cpu")
 
+UNWRITTEN = Path(tempfile.gettempdir()) / "workbench-benchmark"  # the benchmark's runs write nothing
 DEVICE_PRESET = "lego-gpu"  # the shape `workbench benchmark --device` times
 
 
@@ -90,34 +88,45 @@ def matmul_peak(size: int = 1024, repeats: int = 20, device: torch.device = CPU,
     return 2 * size**3 / best_time(lambda: a @ b, repeats, device)
 
 
+def training_stack(cfg, device: torch.device, root, k: int = 1, compile: bool = False,
+                   precision: str = "fp32") -> tuple[list[Trainer], Stack]:
+    """K runs of `cfg` (seeds 0..K-1; folders under `root`, where nothing is written)
+    and their stack (models/step.py): the trainer's own step, compiled or eager, fp32 or bf16."""
+    overrides = [f"train.device={device.type}", f"train.compile={str(compile).lower()}",
+                 f"train.precision={precision}", "train.eval_size=64", "train.snapshots=0", "train.mimic_steps=0",
+                 "train.plateau_evals=null", "train.plateau_min_steps=0", "train.plateau_watch=[]"]
+    gammas = [0.5, 0.7, 0.9, 1.0]
+    runs = [Trainer(cfg.with_overrides([*overrides, f"train.seed={index}", f"model.init_gamma={gammas[index % 4]}"]),
+                    Path(root) / f"m{index}", progress=False) for index in range(k)]
+    return runs, Stack([run.member() for run in runs], compile=compile, precision=precision, device=device)
+
+
 def training_step_fn(cfg, batch_size: int, compile: bool = False, precision: str = "fp32",
                      count_flops: bool = True, device: torch.device = CPU) -> tuple[Callable[..., None], int, int]:
-    """A closure doing one full training step on `device` as the trainer does it (compiled or
-    eager, fp32 or bf16 autocast, gradient clipping; fused AdamW on CUDA), on a batch sampled
+    """A closure doing one training step of one run on `device` as the trainer does it (its
+    stack of one: compiled or eager, fp32 or bf16 autocast, clipping, AdamW), on a batch sampled
     here or the one it is given; its FLOP count (0 unless `count_flops`) and tokens per step.
-    The first call (compilation, for a compiled step) happens here."""
-    task = make_task(cfg.task)
-    model = build_model(cfg.model, task, device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None)
-    sampled = task.sample(batch_size, seeded_generator(0)).to(device)
-    run_forward = compiled_forward() if compile else forward
+    The first calls (compilation, for a compiled step) happen here."""
+    cfg = cfg.with_overrides([f"train.batch_size={batch_size}"])
+    runs, stack = training_stack(cfg, device, UNWRITTEN, 1, compile, precision)
+    sampled = runs[0]._next_batch()
 
     def step(batch: Batch = sampled) -> None:
-        with training_precision(device, precision):
-            logits = run_forward(model, batch.tokens, None)
-        loss = supervised_loss(logits.float(), batch)
-        optimizer.zero_grad()
-        loss.backward()
-        if cfg.train.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        optimizer.step()
+        stack.step([batch], [1e-4])
 
-    step()
+    step(), step()
     if not count_flops:
         return step, 0, sampled.tokens.numel()
+    return step, step_flops(cfg, device), sampled.tokens.numel()
+
+
+def step_flops(cfg, device: torch.device) -> int:
+    """The FLOPs of one eager training step of one run of `cfg` (FlopCounterMode)."""
+    runs, stack = training_stack(cfg, device, UNWRITTEN)
+    batch = runs[0]._next_batch()
     with FlopCounterMode(display=False) as counter:
-        step()
-    return step, counter.get_total_flops(), sampled.tokens.numel()
+        stack.step([batch], [1e-4])
+    return counter.get_total_flops()
 
 
 TRAINING_MODES = {"eager fp32": (False, "fp32"), "eager bf16": (False, "bf16"),
@@ -179,7 +188,8 @@ def denormal_step_rate(flush: bool, warm_steps: int, timed_steps: int) -> float:
         if i == warm_steps:
             start = time.perf_counter()
         batch = task.sample(cfg.train.batch_size, gen)
-        loss = supervised_loss(forward(model, batch.tokens), batch)
+        weights = batch.loss_mask.float()
+        loss = masked_cross_entropy(forward(model, batch.tokens), batch.label_pos, batch.labels, weights)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

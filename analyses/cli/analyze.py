@@ -31,9 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from interp.analysis import analyze_run, task_analysis, write_analysis
     from interp.run_report import write_run_report
+    from models.device import resolve_device
     from models.memory import check_memory
     from models.runs import load_run, read_config, run_lock
-    from models.train import resolve_device
     from tasks import make_task
 
     if not (args.run_dir / "model.safetensors").exists():

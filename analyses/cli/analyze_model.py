@@ -31,7 +31,7 @@ and "prepend_bos". Writes OUT/analysis.json and OUT/report.html. Example:
 
 def run(args: argparse.Namespace) -> int:
     from analyses.outside import analyze_outside, summary_lines
-    from models.train import resolve_device
+    from models.device import resolve_device
 
     device = resolve_device(args.device, setting="analyze-model --device")
     analysis, written = analyze_outside(args.model, args.prompts, args.out, device, seed=args.seed)

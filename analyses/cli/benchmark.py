@@ -23,8 +23,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="instead: training time and disk with the default snapshots against none (lego-cpu, "
                             "composite-matched), side by side")
     bench.add_argument("--ensemble", type=int, metavar="K",
-                       help="instead: K members one after another against one ensemble of K, per shape (with "
-                            "--device cuda the GPU shapes too)")
+                       help="instead: one run's step eager and compiled against K runs as one compiled ensemble, "
+                            "per shape (with --device cuda the GPU shapes too)")
+    bench.add_argument("--shapes", metavar="PRESET,...",
+                       help="with --ensemble: only these shapes (composite-matched, lego-cpu, composite-paper, "
+                            "lego-gpu)")
     bench.set_defaults(run=run)
 
 
@@ -32,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ensemble is not None:
         from analyses.bench.ensemble import run_ensemble_benchmark
 
-        run_ensemble_benchmark(args.ensemble, args.device or "cpu", quick=args.quick)
+        shapes = args.shapes.split(",") if args.shapes else None
+        run_ensemble_benchmark(args.ensemble, args.device or "cpu", quick=args.quick, only=shapes)
         return 0
     if args.snapshots:
         from analyses.bench.snapshots import run_snapshot_benchmark
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print_report({**results, **agreement_at_init(loaded, 32, 0, args.label_index)})
         return 0
     from analyses.bench.throughput import run_benchmarks, run_device_benchmark
-    from models.train import resolve_device
+    from models.device import resolve_device
 
     if args.device:
         run_device_benchmark(resolve_device(args.device, setting="benchmark --device"), quick=args.quick)

@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_cells_memory(cells: dict, at_once: int) -> None:
     """Refuse a sweep whose cells, `at_once` of them training together, do not fit in memory."""
+    from models.device import resolve_device
     from models.memory import check_memory
-    from models.train import resolve_device
     from tasks import make_task
 
     for cfg in cells.values():

@@ -37,7 +37,7 @@ def ensembles(mode: str, cfg: RunConfig) -> bool:
     """Whether a group of cells like `cfg` trains as one ensemble under `mode`."""
     if mode != "auto":
         return mode == "on"
-    from models.train import resolve_device
+    from models.device import resolve_device
 
     return resolve_device(cfg.train.device).type == "cuda"
 
@@ -62,9 +62,8 @@ def _train_group(group: dict[str, tuple[RunConfig, Path]], progress: bool) -> li
     """One group: each cell checked as `train_cell` checks it (finished, diverged and refused
     cells are recorded without training), the rest trained together."""
     from analyses.runners.sweep import CellResult, settled_cell
-    from models.ensemble import fit_members
     from models.runs import RunFolderError, read_metrics
-    from models.train import Trainer, TrainingDiverged
+    from models.train import Trainer, TrainingDiverged, train_runs
 
     results, members, names = [], [], []
     for name, (cfg, path) in group.items():
@@ -81,7 +80,7 @@ def _train_group(group: dict[str, tuple[RunConfig, Path]], progress: bool) -> li
         return results
     started = time.perf_counter()
     try:
-        outcomes = fit_members(members, progress=progress, desc=f"ensemble of {len(members)} ({names[0]}, ...)")
+        outcomes = train_runs(members, progress=progress, desc=f"ensemble of {len(members)} ({names[0]}, ...)")
     except TrainingDiverged as err:  # one cell left to train, trained alone: it raises
         outcomes = [err]
     except Exception:  # the whole group crashed: each cell is failed, and a re-run resumes it

@@ -228,9 +228,9 @@ def test_cells_reads_a_plain_folder_of_runs_and_marks_the_unfinished(tmp_path, c
 
     Trainer(tiny_composite_run(steps=10), tmp_path / "done", progress=False).fit()
     killed = Trainer(tiny_composite_run(steps=20, seed=1), tmp_path / "killed", progress=False)
-    original = killed._train_step
-    monkeypatch.setattr(killed, "_train_step",
-                        lambda batch: (_ for _ in ()).throw(Killed) if killed.step == 17 else original(batch))
+    original = killed._next_batch
+    monkeypatch.setattr(killed, "_next_batch",
+                        lambda: (_ for _ in ()).throw(Killed) if killed.step == 17 else original())
     with pytest.raises(Killed):
         killed.fit()
     (tmp_path / "notes").mkdir()  # not a run folder: skipped

@@ -1,8 +1,9 @@
-"""Runs trained as one stacked ensemble (models/ensemble.py) against the same runs trained alone:
-each member's folder is a lone run's (config, metrics, weights + digest, train state, snapshots),
-verified by the readers, resumable, and its weights are the lone run's: bit for bit for a
-bias-free model, within float rounding where biases are trained (their gradients, sums over
-the batch, are reduced in another order by the batched kernels)."""
+"""Runs trained as one stacked ensemble (models/train.py, `train_runs`) against the same runs
+trained alone: each member's folder is a lone run's (config, metrics, weights + digest, train
+state, snapshots), verified by the readers, resumable, and its weights are the lone run's: bit for
+bit for a bias-free model without gradient clipping, within float rounding otherwise (a member's
+gradient norm, and the gradients of biases, sums over the batch, are reduced in another order by
+the batched kernels)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import json
 import pytest
 import torch
 
-from models.ensemble import fit_members, group_by_shape, kept_apart
+from models.ensemble import group_by_shape, kept_apart
 from models.runs import load_run, run_state, verified_weights
 from models.snapshots import read_index
-from models.train import Trainer, TrainingDiverged
+from models.train import Trainer, TrainingDiverged, train_runs
 from tests.helpers import Killed, tiny_composite_run
 
 # every per-member setting an ensemble lets differ, one member each
@@ -36,14 +37,31 @@ def records(folder) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"} for line in lines]
 
 
+ROUNDING = 1e-6  # measured: at most 1.3e-7 apart after 15 steps (a few float32 ulps)
+
+
+def weights_apart(a, b) -> float:
+    """The largest difference between two run folders' weights."""
+    ours, theirs = verified_weights(a)[0], verified_weights(b)[0]
+    return max((ours[k] - theirs[k]).abs().max().item() for k in ours)
+
+
+def same_records(a, b, tol: float = 1e-5) -> bool:
+    """Two runs' metrics: the same steps and fields, numbers within `tol`."""
+    ra, rb = records(a), records(b)
+    return len(ra) == len(rb) and all(
+        x.keys() == y.keys() and all(abs(x[k] - y[k]) <= tol if isinstance(x[k], float) else x[k] == y[k] for k in x)
+        for x, y in zip(ra, rb))
+
+
 def train_both(tmp_path, cfgs: dict, **fit) -> list:
     for name, cfg in cfgs.items():
         Trainer(cfg, tmp_path / "alone" / name, progress=False).fit()
     members = [Trainer(cfg, tmp_path / "together" / name, progress=False) for name, cfg in cfgs.items()]
-    return fit_members(members, progress=False, **fit)
+    return train_runs(members, progress=False, **fit)
 
 
-def test_members_equal_lone_runs_bit_for_bit(tmp_path):
+def test_members_equal_lone_runs(tmp_path):
     cfgs = {name: base().with_overrides(extra) for name, extra in SETTINGS.items()}
     results = train_both(tmp_path, cfgs)
     for (name, cfg), result in zip(cfgs.items(), results):
@@ -51,10 +69,12 @@ def test_members_equal_lone_runs_bit_for_bit(tmp_path):
         assert run_state(together, cfg, repair=False) == "done", name
         ours, stamp = verified_weights(together)
         theirs, their_stamp = verified_weights(alone)
-        assert stamp == their_stamp, name  # same step, same digest: the same weights, bit for bit
-        assert records(together) == records(alone), name
+        if name == "no_clip":  # same step, same digest: the same weights, bit for bit
+            assert stamp == their_stamp and records(together) == records(alone)
+            assert [e.digest for e in read_index(together)] == [e.digest for e in read_index(alone)]
+        assert stamp.step == their_stamp.step and weights_apart(together, alone) < ROUNDING, name
+        assert same_records(together, alone), name
         assert [e.step for e in read_index(together)] == [e.step for e in read_index(alone)], name
-        assert [e.digest for e in read_index(together)] == [e.digest for e in read_index(alone)], name
         state = {k: v for k, v in load_run(together).model.state_dict().items()}
         assert all(torch.equal(state[k], ours[k]) for k in ours)
         assert result.steps == {"fewer_steps": 10, "stop_rule": 10}.get(name, 15), name
@@ -79,11 +99,11 @@ def test_a_diverging_member_is_recorded_and_the_others_go_on(tmp_path):
     cfgs = {"plain": base(), "exploding": base().with_overrides(["train.lr=1e30", "train.grad_clip=null"])}
     train_both(tmp_path / "x", {"plain": cfgs["plain"]})  # the lone plain run, for comparison
     members = [Trainer(cfg, tmp_path / name, progress=False) for name, cfg in cfgs.items()]
-    results = fit_members(members, progress=False)
+    results = train_runs(members, progress=False)
     assert isinstance(results[1], TrainingDiverged)
     assert run_state(tmp_path / "exploding", cfgs["exploding"]) == "diverged"
     assert run_state(tmp_path / "plain", cfgs["plain"]) == "done"
-    assert verified_weights(tmp_path / "plain")[1] == verified_weights(tmp_path / "x" / "alone" / "plain")[1]
+    assert weights_apart(tmp_path / "plain", tmp_path / "x" / "alone" / "plain") < ROUNDING
 
 
 def test_an_ensemble_killed_midway_resumes_to_the_lone_runs_weights(tmp_path, monkeypatch):
@@ -100,14 +120,14 @@ def test_an_ensemble_killed_midway_resumes_to_the_lone_runs_weights(tmp_path, mo
 
     monkeypatch.setattr(members[0], "after_step", dying_after_step)
     with pytest.raises(Killed):
-        fit_members(members, progress=False)
+        train_runs(members, progress=False)
     assert all(run_state(tmp_path / name, cfg) == "partial" for name, cfg in cfgs.items())
     # two resumed together, one alone: a member's folder is a lone run's
-    fit_members([Trainer(cfgs[n], tmp_path / n, resume=True, progress=False) for n in ("plain", "lr")], progress=False)
+    train_runs([Trainer(cfgs[n], tmp_path / n, resume=True, progress=False) for n in ("plain", "lr")], progress=False)
     Trainer(cfgs["stop_rule"], tmp_path / "stop_rule", resume=True, progress=False).fit()
     for name in cfgs:
-        assert verified_weights(tmp_path / name)[1] == verified_weights(tmp_path / "alone" / name)[1], name
-        assert records(tmp_path / name) == records(tmp_path / "alone" / name), name
+        assert weights_apart(tmp_path / name, tmp_path / "alone" / name) < ROUNDING, name
+        assert same_records(tmp_path / name, tmp_path / "alone" / name), name
 
 
 def test_planted_heads_tied_layers_and_identity_attention_train_as_ensembles(tmp_path):
@@ -118,7 +138,7 @@ def test_planted_heads_tied_layers_and_identity_attention_train_as_ensembles(tmp
         seeds = {f"{name}-{s}": cfg.with_overrides([f"train.seed={s}", "train.steps=10"]) for s in (0, 1)}
         train_both(tmp_path, seeds)
         for run in seeds:
-            assert verified_weights(tmp_path / "together" / run)[1] == verified_weights(tmp_path / "alone" / run)[1]
+            assert weights_apart(tmp_path / "together" / run, tmp_path / "alone" / run) < ROUNDING, run
 
 
 def test_group_by_shape_keeps_apart_what_an_ensemble_cannot_train():
@@ -126,10 +146,13 @@ def test_group_by_shape_keeps_apart_what_an_ensemble_cannot_train():
     cells = {"a": cell, "b": cell.with_overrides(["train.seed=3", "model.init_gamma=0.3", "train.lr=0.01"]),
              "deeper": cell.with_overrides(["model.n_layers=3"]), "deeper2": cell.with_overrides(["model.n_layers=3"]),
              "compiled": cell.with_overrides(["train.compile=true"]),
+             "compiled2": cell.with_overrides(["train.compile=true", "train.seed=2"]),
              "bf16": cell.with_overrides(["train.precision=bf16"]),
-             "depth": cell.with_overrides(["model.min_depth=1"]), "batch": cell.with_overrides(["train.batch_size=8"])}
-    assert group_by_shape(cells) == [["a", "b"], ["deeper", "deeper2"], ["compiled"], ["bf16"], ["depth"], ["batch"]]
-    assert "compile" in kept_apart(cells["compiled"])
-    assert "bf16" in kept_apart(cells["bf16"])
+             "depth": cell.with_overrides(["model.min_depth=1"]), "depth2": cell.with_overrides(["model.min_depth=1"]),
+             "batch": cell.with_overrides(["train.batch_size=8"])}
+    # compiled runs stack with compiled runs, bf16 with bf16; stochastic depth trains alone
+    assert group_by_shape(cells) == [["a", "b"], ["deeper", "deeper2"], ["compiled", "compiled2"], ["bf16"], ["depth"],
+                                     ["depth2"], ["batch"]]
+    assert kept_apart(cells["compiled"]) is None and kept_apart(cells["bf16"]) is None
     assert "stochastic depth" in kept_apart(cells["depth"])
     assert kept_apart(cells["b"]) is None

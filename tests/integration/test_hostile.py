@@ -252,14 +252,14 @@ def partial_run(tmp_path_factory, base_run) -> Path:
     """The base run's config killed in step 16: train state of step 10, metrics to step 15."""
     out = tmp_path_factory.mktemp("partial") / "run"
     trainer = Trainer(read_config(base_run), out, progress=False)
-    step = trainer._train_step
+    step = trainer._next_batch
 
-    def dying(batch):
+    def dying():
         if trainer.step == 15:
             raise _Killed
-        return step(batch)
+        return step()
 
-    trainer._train_step = dying
+    trainer._next_batch = dying
     with pytest.raises(_Killed):
         trainer.fit()
     return out

@@ -197,7 +197,7 @@ def test_a_crash_before_the_first_checkpoint_leaves_a_folder_that_resumes_from_s
     Trainer(cfg, tmp_path / "whole", progress=False).fit()
     out = tmp_path / "crashed"
     crashed = Trainer(cfg, out, progress=False)
-    monkeypatch.setattr(crashed, "_train_step", lambda batch: (_ for _ in ()).throw(MemoryError("out of memory")))
+    monkeypatch.setattr(crashed, "_next_batch", lambda: (_ for _ in ()).throw(MemoryError("out of memory")))
     with pytest.raises(MemoryError):
         crashed.fit()
     assert (out / "config.json").exists() and not (out / TRAIN_STATE).exists()
@@ -250,14 +250,14 @@ def _killed_at_step_5_of_8(out: Path, monkeypatch) -> None:
     from tests.helpers import Killed
 
     trainer = Trainer(tiny_composite_run(steps=8, eval_every=4, checkpoint_every=4), out, progress=False)
-    original = trainer._train_step
+    original = trainer._next_batch
 
-    def dying_step(batch):
+    def dying_step():
         if trainer.step == 5:
             raise Killed
-        return original(batch)
+        return original()
 
-    monkeypatch.setattr(trainer, "_train_step", dying_step)
+    monkeypatch.setattr(trainer, "_next_batch", dying_step)
     with pytest.raises(Killed):
         trainer.fit()
 

@@ -104,8 +104,9 @@ def test_train_or_load_trains_once_then_loads_and_refuses_another_config(tmp_pat
 def test_training_kernels_are_deterministic_on_cpu_threads():
     """The embedding's backward on two threads adds gradient rows in a varying order unless
     deterministic kernels are on; `fit` turns them on, so one seed gives one set of weights."""
+    from models.device import deterministic_kernels
     from models.factory import build_model
-    from models.train import deterministic_kernels, supervised_loss
+    from models.step import masked_cross_entropy
     from tasks import make_task, seeded_generator
 
     cfg = tiny_lego_run()
@@ -115,7 +116,7 @@ def test_training_kernels_are_deterministic_on_cpu_threads():
 
     def embedding_grad():
         model.zero_grad(set_to_none=True)
-        supervised_loss(model(batch.tokens), batch).backward()
+        masked_cross_entropy(model(batch.tokens), batch.label_pos, batch.labels, batch.loss_mask.float()).backward()
         return model.embed.W_E.grad.clone()
 
     threads = torch.get_num_threads()
@@ -246,8 +247,7 @@ def test_weight_decay_on_all_decays_every_trained_parameter_and_keeps_frozen_bia
     """The composite paper's code decays every parameter (AdamW over model.parameters()); ours by
     default only the weight matrices. Frozen (bias-free) biases get no gradient, so they stay zero."""
     def decayed(trainer) -> set[str]:
-        ids = {id(p) for g in trainer.optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
-        return {n for n, p in trainer.model.named_parameters() if id(p) in ids}
+        return {name for name, (_, weight_decay) in trainer.groups.items() if weight_decay > 0}
 
     cfg = tiny_composite_run(steps=10).with_overrides(["model.biases=false", "train.weight_decay=0.5"])
     default = Trainer(cfg, tmp_path / "m", progress=False)
@@ -268,7 +268,7 @@ def test_decay_on_all_shrinks_the_norms_and_leaves_the_matrices_as_the_default_d
     runs = {}
     for on in ("matrices", "all"):
         trainer = Trainer(cfg.with_overrides([f"train.weight_decay_on={on}"]), tmp_path / on, progress=False)
-        lr = trainer.optimizer.param_groups[0]["lr"]
+        lr = trainer.learning_rate()  # step 0's: lr itself, without warm-up
         trainer.fit()
         runs[on] = dict(trainer.model.named_parameters())
     norms = [n for n in runs["all"] if n.endswith("ln1.w")]

@@ -18,7 +18,7 @@ import torch
 from analyses.runners.study import run_study
 from interp.tasks.lego_presets import LEGO_THREE_HOPS
 from models.curriculum import train_curriculum
-from models.train import bf16_supported
+from models.device import bf16_supported
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from models.train import cuda_deterministic, deterministic_kernels, resolve_device, to_device, training_precision
+from models.device import cuda_deterministic, deterministic_kernels, resolve_device, to_device, training_precision
 from tasks import ConfigError, LegoConfig, make_task, seeded_generator
 
 CUDA = torch.device("cuda")
