@@ -170,7 +170,8 @@ def adamw_scalars(steps: Tensor, update: Tensor, lrs: list[float], lr_scale: Ten
     bias_correction2_sqrt = torch.tensor([(1 - beta2 ** float(s)) ** 0.5 if s else 1.0 for s in counts.tolist()],
                                          dtype=torch.float64)[where]
     lr = torch.tensor(lrs, dtype=torch.float64)[None, :] * lr_scale
-    return torch.stack([1 - lr * weight_decay, -(lr / bias_correction1), bias_correction2_sqrt, update.double()]).float()
+    rows = [1 - lr * weight_decay, -(lr / bias_correction1), bias_correction2_sqrt, update.double()]
+    return torch.stack(rows).float()
 
 
 def stack_batches(batches: list[Batch]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
