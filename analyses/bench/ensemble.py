@@ -26,10 +26,17 @@ from collections.abc import Callable
 import torch
 
 import interp.tasks  # noqa: F401  (registers the presets named below)
-from analyses.bench.throughput import UNWRITTEN, best_time, matmul_peak, peak_matmul, step_flops, training_stack
+from analyses.bench.throughput import (
+    UNWRITTEN,
+    best_time,
+    compiles_here,
+    matmul_peak,
+    peak_matmul,
+    step_flops,
+    training_stack,
+)
 from models.device import deterministic_kernels, resolve_device
 from models.presets import get_preset
-from models.train import check_compile
 from tasks import ConfigError
 
 CPU_BIG_BATCH = 16
@@ -115,12 +122,7 @@ def run_ensemble_benchmark(k: int, device_name: str = "cpu", quick: bool = False
     device = resolve_device(device_name, setting="benchmark --device")
     torch.set_flush_denormal(True)  # as the trainer does
     cuda = device.type == "cuda"
-    try:
-        check_compile(device, True)
-        compiles = True
-    except ConfigError as err:
-        print(f"compiled steps skipped: {err}")
-        compiles = False
+    compiles = compiles_here(device)
     # the GPU's bf16 peak (what the paper-scale targets are against); the CPU's fp32 one
     dtype, size = peak_matmul(device) if cuda else (torch.float32, 1024)
     steps, repeats = (2, 2) if quick else (2, 3) if not cuda else (10, 5)

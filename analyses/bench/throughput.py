@@ -137,18 +137,23 @@ def mode_key(name: str, batch_size: int) -> str:
     return f"{name.replace(' ', '_')}_b{batch_size}"
 
 
+def compiles_here(device: torch.device) -> bool:
+    """Whether torch.compile can run on `device` here; if not, says why the compiled timings are skipped."""
+    try:
+        check_compile(device, True)
+    except ConfigError as err:
+        print(f"  compiled steps skipped: {err}")
+        return False
+    return True
+
+
 def runnable_modes(device: torch.device) -> dict[str, tuple[bool, str]]:
     """The training modes `device` can run here, after saying why each other one is skipped."""
     bf16 = bf16_supported(device)
     if not bf16:
         print(f"  bf16 modes skipped: this {device.type} device has no bf16 matmul kernels "
               "(CPUs need AVX512-BF16 or AMX); train.precision=bf16 is refused here")
-    try:
-        check_compile(device, True)
-        compiles = True
-    except ConfigError as err:
-        print(f"  compiled modes skipped: {err}")
-        compiles = False
+    compiles = compiles_here(device)
     return {name: (compiled, precision) for name, (compiled, precision) in TRAINING_MODES.items()
             if (bf16 or precision != "bf16") and (compiles or not compiled)}
 

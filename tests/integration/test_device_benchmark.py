@@ -34,7 +34,7 @@ def test_modes_the_device_cannot_run_are_skipped_saying_why(monkeypatch, capsys)
     assert list(benchmark.runnable_modes(torch.device("cpu"))) == ["eager fp32"]
     out = capsys.readouterr().out
     assert "bf16 modes skipped: this cpu device has no bf16" in out
-    assert "compiled modes skipped" in out and "C++ compiler" in out
+    assert "compiled steps skipped" in out and "C++ compiler" in out
 
 
 def test_training_modes_give_steps_and_tokens_per_second(monkeypatch):
