@@ -147,6 +147,11 @@ class TrainConfig:
     tf32: on CUDA, fp32 matmuls on TF32 tensor cores (about 8x the fp32 rate on an H100/H200,
       inputs rounded to a 10-bit mantissa); off by default, since it changes the recorded numbers.
       No effect on the CPU.
+    adam_beta2, adam_eps: AdamW's second-moment decay and epsilon (torch's defaults); the
+      remedies for a loss spike that the slingshot and preconditioner accounts name.
+    loss_dtype: "float32", or "float64" for the training loss's softmax and cross-entropy (the
+      logits cast up first): below a mean loss of ~1e-7 most samples' float32 loss is exactly 0
+      and their gradient too ("softmax collapse"); float64 keeps them.
     identity_lr_scale: the identity-attention scalars a_h, b_h (model.identity_attention) train
       at this multiple of the learning rate; they start at 0 and a same-symbol logit gap of a
       few units needs a_h of order 1, hundreds of steps at Adam's lr 1e-3.
@@ -172,6 +177,9 @@ class TrainConfig:
       keeps those of its steps below train.steps (so one list serves every stage of a curriculum); 0 none.
     snapshot_loss_factor: keep the snapshot of the evaluation before the one where the training
       loss rose more than this factor above its running minimum (and by 0.01 at least); null: off.
+    keep_state: steps at which the whole training state (weights, AdamW's state, data generators)
+      is kept in the run folder's states/, to replay the run from there with a setting changed
+      (`workbench train --from RUN@STEP`); each event snapshot keeps its step's state too.
     snapshot_watch: metrics whose move by more than `snapshot_watch_delta` between two evaluations
       keeps the snapshot before (null: the task's headline metric; [] none).
     """
@@ -194,6 +202,9 @@ class TrainConfig:
     compile: bool = False
     precision: str = "fp32"
     tf32: bool = False
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    loss_dtype: str = "float32"
     identity_lr_scale: float = 1.0
     plateau_evals: int | None = None
     plateau_tol: float = 0.002
@@ -205,9 +216,14 @@ class TrainConfig:
     snapshot_loss_factor: float | None = 4.0
     snapshot_watch: list[str] | None = None
     snapshot_watch_delta: float = 0.2
+    keep_state: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._check_snapshots()
+        if not (isinstance(self.keep_state, list) and all(isinstance(s, int) and 0 < s <= self.steps
+                                                           for s in self.keep_state)):
+            raise ConfigError(f"train.keep_state={self.keep_state!r}: need a list of steps within "
+                              f"1..train.steps={self.steps}")
         if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from.strip()):
             raise ConfigError(f"train.init_from={self.init_from!r} must name a run folder, or be null")
         if self.init_from is not None and self.mimic_steps:
@@ -223,6 +239,11 @@ class TrainConfig:
         if self.plateau_evals is None and (self.plateau_min_steps or self.plateau_watch):
             raise ConfigError("train.plateau_min_steps and train.plateau_watch refine the stop rule; "
                               "set train.plateau_evals too, or leave them unset")
+        if not 0 < self.adam_beta2 < 1 or not self.adam_eps > 0:
+            raise ConfigError(f"train.adam_beta2={self.adam_beta2}, train.adam_eps={self.adam_eps}: need "
+                              "0 < adam_beta2 < 1 and adam_eps > 0")
+        if self.loss_dtype not in ("float32", "float64"):
+            raise ConfigError(f"train.loss_dtype={self.loss_dtype!r} is unknown; use 'float32' or 'float64'")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision={self.precision!r} is unknown; use one of {PRECISIONS}")
         if not self.identity_lr_scale > 0:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import shutil
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from models.runs import (
     METRICS,
     MIMIC,
     RUN_FILES,
+    STATES,
     TRAIN_STATE,
     Checkpoint,
     Progress,
@@ -36,8 +40,37 @@ from models.runs import (
     write_config,
 )
 from models.safe_files import LOCK, RunFolderError, append_line, atomic_write_bytes, is_own_temp, run_lock, save_tensors
-from models.snapshots import remove_snapshots
+from models.snapshots import copy_snapshots, remove_snapshots
 from tasks import ConfigError
+
+_MOMENT = re.compile(r"step-(\d{8})\.safetensors")
+
+
+def moment_file(step: int) -> str:
+    return f"step-{step:08d}.safetensors"
+
+
+@dataclass(frozen=True)
+class Moment:
+    """A run's whole training state at one step: where training stands, the weights, AdamW's
+    state by parameter index (as torch's AdamW numbers it) and the random generators' states."""
+
+    progress: Progress
+    weights: dict[str, Tensor]
+    optimizer: dict[int, dict[str, Any]]
+    generators: dict[str, Tensor]
+
+    def tensors(self) -> tuple[dict[str, Tensor], dict[str, str]]:
+        """The train state's tensors (model.*, optim.*, rng.*) and metadata."""
+        tensors = {f"model.{k}": v for k, v in self.weights.items()}
+        for index, state in self.optimizer.items():
+            tensors.update({f"optim.{index}.{k}": torch.as_tensor(v) for k, v in state.items()})
+        tensors.update({f"rng.{name}": state for name, state in self.generators.items()})
+        progress = self.progress
+        meta = {"step": str(progress.step), "digest": weights_digest(self.weights), "elapsed": repr(progress.elapsed),
+                "loss_sum": repr(progress.loss_sum), "loss_count": str(progress.loss_count),
+                "state_digest": weights_digest(tensors)}
+        return tensors, meta
 
 
 class RunFolder:
@@ -158,22 +191,30 @@ class RunFolder:
         kept = [r for r in self.metrics() if r["step"] <= step and not r.get("diverged")]
         atomic_write_bytes(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
-    def save_checkpoint(self, progress: Progress, weights: dict[str, Tensor], optimizer: dict[int, dict[str, Any]],
-                        generators: dict[str, torch.Generator]) -> None:
-        """Weights, AdamW's state by parameter index and the generators' states in the train state,
+    def save_checkpoint(self, moment: Moment) -> None:
+        """The train state (weights, AdamW's state by parameter index, the generators' states),
         replaced atomically; then the weights file. Both carry the step and the weights' digest,
         so resume can tell a weights file that is not the checkpoint's (a kill between the two
         writes) and restore it; the train state's state_digest covers every tensor."""
-        tensors = {f"model.{k}": v for k, v in weights.items()}
-        for index, state in optimizer.items():
-            tensors.update({f"optim.{index}.{k}": torch.as_tensor(v) for k, v in state.items()})
-        tensors.update({f"rng.{name}": gen.get_state() for name, gen in generators.items()})
-        stamp = WeightsStamp(progress.step, weights_digest(weights))
-        meta = {"step": str(stamp.step), "digest": stamp.digest, "elapsed": repr(progress.elapsed),
-                "loss_sum": repr(progress.loss_sum), "loss_count": str(progress.loss_count),
-                "state_digest": weights_digest(tensors)}
+        tensors, meta = moment.tensors()
         save_tensors(self.path / TRAIN_STATE, tensors, meta)
-        runs.save_weights(self.path, weights, stamp)
+        runs.save_weights(self.path, moment.weights, WeightsStamp(moment.progress.step, meta["digest"]))
+
+    def keep_moment(self, moment: Moment) -> Path:
+        """The whole training state of `moment`'s step kept in states/, in the train state's
+        format, so that a run can be replayed from it (`fork_run`)."""
+        folder = self.path / STATES
+        folder.mkdir(exist_ok=True)
+        path = folder / moment_file(moment.progress.step)
+        save_tensors(path, *moment.tensors())
+        return path
+
+    def kept_moments(self) -> list[int]:
+        """The steps whose whole training state this run keeps in states/."""
+        folder = self.path / STATES
+        if not folder.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _MOMENT.fullmatch(p.name)))
 
     def resume_point(self, steps: int, eval_every: int | None = None) -> Checkpoint | None:
         """The checkpoint a resume continues from, its fields checked; None for a run that
@@ -230,3 +271,28 @@ class RunFolder:
         remove_snapshots(self.path)
         with contextlib.suppress(OSError):
             self.path.rmdir()
+
+
+def fork_run(source: Path, step: int, out: RunFolder, cfg: RunConfig) -> None:
+    """A new run in `out` that starts from the training state `source` kept at `step`, with `cfg`
+    (the source's config, a setting changed or not): its config, the source's records and
+    snapshots up to `step`, that state as its train state and weights, and init.json saying where
+    it came from. Resuming it replays the source from `step` (bit for bit on the CPU when nothing
+    changed), or the counterfactual of the setting changed."""
+    kept = RunFolder(source).kept_moments()
+    if step not in kept:
+        raise RunFolderError(f"--from {source}@{step}: that run keeps no training state at step {step} (it keeps "
+                             f"{kept or 'none'}; train.keep_state lists steps to keep; event snapshots keep theirs)")
+    if step > cfg.train.steps:
+        raise ConfigError(f"--from {source}@{step}: step {step} is beyond train.steps={cfg.train.steps}")
+    state = source / STATES / moment_file(step)
+    checkpoint = Checkpoint.read(state)
+    checkpoint.check_digest()
+    out.check_receives()
+    out.start(cfg)
+    records = [r for r in read_metrics(source) if r["step"] <= step and not r.get("diverged")]
+    atomic_write_bytes(out.path / METRICS, "".join(json.dumps(r) + "\n" for r in records).encode())
+    out.write_init({"from": str(source), "step": step, "weights_digest": checkpoint.stamp.digest, "replayed": True})
+    copy_snapshots(source, out.path, step)
+    shutil.copyfile(state, out.path / TRAIN_STATE)
+    runs.save_weights(out.path, checkpoint.weights, checkpoint.stamp)

@@ -47,8 +47,9 @@ ANALYSIS, REPORT = "analysis.json", "report.html"
 DEMO = "demo.json"  # written by `workbench demo`: the config of its run, which marks the folder as the demo's
 ERROR_LOG = "workbench-error.log"  # the traceback of a command's unexpected error (analyses/cli/guards.py)
 TIMELINE = "timeline.json"  # written by `workbench analyze --timeline` (interp/timeline.py)
+STATES = "states"  # whole training states kept for a replay (`train.keep_state`, event snapshots)
 RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK, DEMO, ERROR_LOG, SNAPSHOTS,
-             TIMELINE}  # what a run folder may hold
+             TIMELINE, STATES}  # what a run folder may hold
 PACKAGES = ("interp-workbench", "torch", "transformer-lens", "circuitsvis", "numpy")
 ADAMW_STATE = {"step", "exp_avg", "exp_avg_sq"}  # what AdamW keeps per parameter (optim.<index>.<name>)
 

@@ -24,6 +24,7 @@ import contextlib
 import json
 import math
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,3 +277,15 @@ def snapshot_disk_bytes(run_dir: str | Path) -> int:
     """Bytes the run's snapshot files take."""
     folder = Path(run_dir) / SNAPSHOTS
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) if folder.is_dir() else 0
+
+
+def copy_snapshots(source: Path, dest: Path, up_to: int) -> None:
+    """The snapshots of the run in `source` up to step `up_to`, files and index, into the run
+    folder `dest` (a run replayed from that step: its timeline starts with the source's path)."""
+    entries = [e for e in read_index(source) if e.step <= up_to]
+    if not entries:
+        return
+    (dest / SNAPSHOTS).mkdir(exist_ok=True)
+    for entry in entries:
+        shutil.copyfile(source / SNAPSHOTS / entry.file, dest / SNAPSHOTS / entry.file)
+    write_index(dest, entries)

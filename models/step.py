@@ -35,8 +35,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from models.factory import forward
 from tasks import Batch
 
-BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults
-EPS = 1e-8
+BETA1 = 0.9  # torch.optim.AdamW's default; beta2 and eps are settings (train.adam_beta2, train.adam_eps)
 HYPER_ROWS = ("decay", "neg_step_size", "bias_correction2_sqrt", "update")  # hyper[row, p, k]
 
 
@@ -76,6 +75,8 @@ class StepOptions:
     masked: bool  # some (parameter, member) pairs are not updated this step
     bf16: bool
     device_type: str
+    adam: tuple[float, float] = (0.999, 1e-8)  # AdamW's beta2 and eps
+    loss_float64: bool = False  # the loss's softmax and cross-entropy in float64
 
 
 @no_type_check
@@ -92,7 +93,8 @@ def train_step(module: ForwardAtDepth, params: dict[str, Tensor], constants: dic
         with torch.autocast(options.device_type, dtype=torch.bfloat16, enabled=options.bf16):
             weights_ = {**{f"model.{n}": t for n, t in own.items()}, **constants}
             logits = functional_call(module, weights_, (tokens,), {"depth": options.depth})
-        return masked_cross_entropy(logits.float(), label_pos, labels, weights)
+        return masked_cross_entropy(logits.double() if options.loss_float64 else logits.float(), label_pos,
+                                    labels, weights)
 
     step = grad_and_value(member_loss)
     if options.members == 1:  # the lone run's kernels exactly (vmap would batch its matmuls)
@@ -106,9 +108,9 @@ def train_step(module: ForwardAtDepth, params: dict[str, Tensor], constants: dic
     skipped = options.depth is not None
     used = [g for n, g in grads.items() if not (skipped and _in_block_at_or_above(n, options.depth))]
     clip_per_member(used, max_norm)
-    adamw(params, grads, exp_avg, exp_avg_sq, hyper, options.masked)
+    adamw(params, grads, exp_avg, exp_avg_sq, hyper, options.masked, *options.adam)
     loss_sum.add_(losses.detach().double())
-    return losses.detach()
+    return losses.detach().float()
 
 
 @no_type_check
@@ -131,11 +133,11 @@ def clip_per_member(grads: list[Tensor], max_norm: Tensor) -> None:
 
 @no_type_check
 def adamw(params: dict[str, Tensor], grads: dict[str, Tensor], exp_avg: dict[str, Tensor],
-          exp_avg_sq: dict[str, Tensor], hyper: Tensor, masked: bool) -> None:
+          exp_avg_sq: dict[str, Tensor], hyper: Tensor, masked: bool, beta2: float = 0.999, eps: float = 1e-8) -> None:
     """torch.optim.AdamW's single-tensor step for every member, in place. With `masked`, a
     (parameter, member) whose hyper `update` is 0 keeps its weights and moments, as torch's
     AdamW leaves a parameter that got no gradient."""
-    beta1, beta2 = BETAS
+    beta1 = BETA1
     with torch.no_grad():
         for p_index, (name, p) in enumerate(params.items()):
             grad = grads[name]
@@ -144,7 +146,7 @@ def adamw(params: dict[str, Tensor], grads: dict[str, Tensor], exp_avg: dict[str
             new_p = p * decay
             new_avg = torch.lerp(exp_avg[name], grad, 1 - beta1)
             new_avg_sq = torch.addcmul(exp_avg_sq[name] * beta2, grad, grad, value=1 - beta2)
-            denom = (new_avg_sq.sqrt() / bias_correction2_sqrt).add_(EPS)
+            denom = (new_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
             # torch's addcdiv_(exp_avg, denom, value=-step_size): self + (value * t1) / t2
             new_p = new_p + neg_step_size * new_avg / denom
             if masked:
@@ -158,12 +160,12 @@ def adamw(params: dict[str, Tensor], grads: dict[str, Tensor], exp_avg: dict[str
 
 
 def adamw_scalars(steps: Tensor, update: Tensor, lrs: list[float], lr_scale: Tensor,
-                  weight_decay: Tensor) -> Tensor:
+                  weight_decay: Tensor, beta2: float = 0.999) -> Tensor:
     """HYPER_ROWS [4, P, K] float32 for one AdamW step: steps [P, K] (each pair's step count, this
     step's included), update [P, K] bool, lrs [K] (the schedule's), lr_scale and weight_decay
     [P, K] float64. Computed as torch's AdamW computes them, in doubles (the powers by Python,
     once per distinct step count), rounded to float32 once. Host arithmetic on small tensors."""
-    beta1, beta2 = BETAS
+    beta1 = BETA1
     counts, where = torch.unique(steps, return_inverse=True)
     bias_correction1 = torch.tensor([1 - beta1 ** float(s) if s else 1.0 for s in counts.tolist()],
                                     dtype=torch.float64)[where]
@@ -208,8 +210,10 @@ class Stack:
     (eager, compiled, or compiled and replayed as a CUDA graph). A member that has finished is
     frozen: it stays in the stack, its weights and moments unchanged, so nothing recompiles."""
 
-    def __init__(self, members: list[Member], *, compile: bool, precision: str, device: torch.device):
+    def __init__(self, members: list[Member], *, compile: bool, precision: str, device: torch.device,
+                 adam: tuple[float, float] = (0.999, 1e-8), loss_float64: bool = False):
         self.members, self.device, self.compile = members, device, compile
+        self.adam, self.loss_float64 = adam, loss_float64  # shared by the members (models/ensemble.py)
         self.module = ForwardAtDepth(members[0].model)
         own = [dict(m.model.named_parameters()) for m in members]
         self.names = [n for n, p in own[0].items() if p.requires_grad]
@@ -261,7 +265,8 @@ class Stack:
         # a frozen member runs on its last batch again; its results are discarded
         self.last = [b if b is not None else old for b, old in zip(batches, self.last or batches)]
         hyper, masked = self._hyper(lrs, depth)
-        options = StepOptions(self.size, depth, masked, self.precision == "bf16", self.device.type)
+        options = StepOptions(self.size, depth, masked, self.precision == "bf16", self.device.type, self.adam,
+                              self.loss_float64)
         inputs = stack_batches(self.last)
         if self.compile and self.device.type == "cuda":
             return self._replay(options, inputs, hyper)
@@ -291,7 +296,7 @@ class Stack:
         used = torch.tensor([depth is None or not _in_block_at_or_above(n, depth) for n in self.names])
         update = used[:, None] & torch.tensor(self.live)[None, :]  # P K
         self.steps += update
-        rows = adamw_scalars(self.steps, update, lrs, self.lr_scale, self.weight_decay)
+        rows = adamw_scalars(self.steps, update, lrs, self.lr_scale, self.weight_decay, self.adam[0])
         return (rows.pin_memory() if self.device.type == "cuda" else rows), not bool(update.all())
 
     def _replay(self, options: StepOptions, inputs: tuple[Tensor, ...], hyper: Tensor) -> Tensor:

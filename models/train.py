@@ -29,6 +29,7 @@ from models.config import RunConfig, TrainConfig
 from models.device import bf16_supported, check_precision, deterministic_kernels, resolve_device, to_device
 from models.factory import build_model, forward, unique_parameters
 from models.memory import EVAL_CHUNK, check_memory
+from models.run_folder import Moment
 from models.runs import (
     LoadedRun,
     Progress,
@@ -41,7 +42,7 @@ from models.runs import (
     same_recipe,
     verified_weights,
 )
-from models.snapshots import EventWatch, SnapshotKeeper, scheduled_steps
+from models.snapshots import MAX_EVENT_SNAPSHOTS, EventWatch, SnapshotKeeper, scheduled_steps
 from models.step import Member, Moments, Stack
 from tasks import Batch, ConfigError, Task, logits_at_labels, make_task, seeded_generator
 
@@ -162,8 +163,10 @@ def _loop(runs: list[Trainer], bar: tqdm) -> dict[int, TrainingDiverged]:
     lone, ended = len(runs) == 1, {}
     active = [run for run in runs if not run.finished]
     while active:
-        stack = Stack([run.member() for run in active], compile=active[0].cfg.train.compile,
-                      precision=active[0].cfg.train.precision, device=active[0].device)
+        train = active[0].cfg.train  # what the stacked step shares (models/ensemble.py, SHARED_TRAIN)
+        stack = Stack([run.member() for run in active], compile=train.compile, precision=train.precision,
+                      device=active[0].device, adam=(train.adam_beta2, train.adam_eps),
+                      loss_float64=train.loss_dtype == "float64")
         while 2 * sum(stack.live) > stack.size:
             stepping = sum(stack.live)
             batches = [run._next_batch() if live else None for run, live in zip(active, stack.live)]
@@ -240,6 +243,8 @@ class Trainer:
         self.init = (None if resume or cfg.train.init_from is None
                      else starting_weights(cfg, self.model, Path(cfg.train.init_from)))
         self.snapshots = self._snapshot_keeper()
+        # the whole training state of the last evaluation, kept in states/ if the next one is an event
+        self.held_moment: Moment | None = None
 
     def fit(self) -> TrainResult:
         """Train this run alone (an ensemble of one)."""
@@ -324,7 +329,7 @@ class Trainer:
         """Whether `after_step` reads this run's weights: a snapshot, evaluation or checkpoint is due."""
         train, step = self.cfg.train, self.step
         return ((self.snapshots is not None and self.snapshots.due(step)) or step % train.eval_every == 0
-                or step % train.checkpoint_every == 0 or step == train.steps)
+                or step % train.checkpoint_every == 0 or step == train.steps or step in train.keep_state)
 
     def after_step(self) -> None:
         """What follows a training step, with the run's weights in its model: the scheduled
@@ -338,6 +343,8 @@ class Trainer:
             self.stopped = bool(self.record.get("stopped"))
         if self.step % train.checkpoint_every == 0 or self.step == train.steps or self.stopped:
             self._checkpoint()
+        if self.step in train.keep_state:
+            self.folder.keep_moment(self._moment())
 
     def result(self) -> TrainResult:
         return TrainResult(self.step, self.elapsed, self.record or (self.folder.metrics() or [{}])[-1])
@@ -414,6 +421,9 @@ class Trainer:
             events = self.snapshots.at_evaluation(self.step, record, unique_parameters(self.model))
             if events:
                 record["snapshot_events"] = events
+                if self.held_moment is not None and len(self.folder.kept_moments()) < MAX_EVENT_SNAPSHOTS:
+                    self.folder.keep_moment(self.held_moment)  # the state before the event, to replay it
+            self.held_moment = self._moment()
         if self._plateaued(record):
             record["stopped"] = "plateau"
         self.folder.append_metrics(record)
@@ -456,14 +466,19 @@ class Trainer:
 
     def _checkpoint(self) -> None:
         """The run folder's checkpoint (`RunFolder.save_checkpoint`), after the divergence check,
-        so that no NaN weights are ever saved. The optimizer state is written as torch's AdamW
-        keeps it: by the parameter's index in its param groups, with a float32 step count."""
+        so that no NaN weights are ever saved."""
         self._check_finite()
-        progress = Progress(self.step, self.elapsed, self.loss_sum, self.loss_count)
+        self.folder.save_checkpoint(self._moment())
+
+    def _moment(self) -> Moment:
+        """The whole training state now, copied. The optimizer state is as torch's AdamW keeps it:
+        by the parameter's index in its param groups, with a float32 step count."""
         state = {index: {"step": torch.tensor(float(m.steps), dtype=torch.float32), "exp_avg": m.exp_avg,
                          "exp_avg_sq": m.exp_avg_sq}
                  for index, name in enumerate(self.groups) if (m := self.moments.get(name)) is not None}
-        self.folder.save_checkpoint(progress, unique_parameters(self.model), state, self.generators)
+        weights = {name: p.detach().clone() for name, p in unique_parameters(self.model).items()}
+        return Moment(Progress(self.step, self.elapsed, self.loss_sum, self.loss_count), weights, state,
+                      {name: gen.get_state() for name, gen in self.generators.items()})
 
     def _restore(self) -> None:
         """Continue from the folder's checkpoint. Its train state is the truth: a weights file that
