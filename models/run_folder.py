@@ -269,6 +269,11 @@ class RunFolder:
         for name in (CONFIG, METRICS, MIMIC, DEMO):
             (self.path / name).unlink(missing_ok=True)
         remove_snapshots(self.path)
+        states = self.path / STATES
+        for moment in self.kept_moments():
+            (states / moment_file(moment)).unlink()
+        with contextlib.suppress(OSError):
+            states.rmdir()
         with contextlib.suppress(OSError):
             self.path.rmdir()
 
