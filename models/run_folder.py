@@ -204,6 +204,8 @@ class RunFolder:
         """The whole training state of `moment`'s step kept in states/, in the train state's
         format, so that a run can be replayed from it (`fork_run`)."""
         folder = self.path / STATES
+        if folder.is_symlink():
+            raise RunFolderError(f"{folder} is a symbolic link; the run writes nothing through one. Remove it")
         folder.mkdir(exist_ok=True)
         path = folder / moment_file(moment.progress.step)
         save_tensors(path, *moment.tensors())
@@ -212,7 +214,7 @@ class RunFolder:
     def kept_moments(self) -> list[int]:
         """The steps whose whole training state this run keeps in states/."""
         folder = self.path / STATES
-        if not folder.is_dir():
+        if not folder.is_dir() or folder.is_symlink():
             return []
         return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _MOMENT.fullmatch(p.name)))
 
