@@ -122,7 +122,9 @@ def run_ensemble_benchmark(k: int, device_name: str = "cpu", quick: bool = False
     device = resolve_device(device_name, setting="benchmark --device")
     torch.set_flush_denormal(True)  # as the trainer does
     cuda = device.type == "cuda"
-    compiles = compiles_here(device)
+    compiles = compiles_here(device) and not quick
+    if quick:
+        print("compiled steps skipped: --quick (compilation alone takes tens of seconds a graph)")
     # the GPU's bf16 peak (what the paper-scale targets are against); the CPU's fp32 one
     dtype, size = peak_matmul(device) if cuda else (torch.float32, 1024)
     steps, repeats = (2, 2) if quick else (2, 3) if not cuda else (10, 5)
