@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tasks import ConfigError
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     analyze = sub.add_parser("analyze", help="look inside a trained run: heads, patching, probes, verdict")
@@ -34,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from models.device import resolve_device
     from models.memory import check_memory
     from models.runs import load_run, read_config, run_lock
-    from tasks import make_task
+    from tasks import ConfigError, make_task
 
     if not (args.run_dir / "model.safetensors").exists():
         raise ConfigError(f"{args.run_dir} holds no trained model (model.safetensors); train it first")
