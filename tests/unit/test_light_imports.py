@@ -1,5 +1,6 @@
-"""What a newcomer runs first loads fast: `workbench --help` and every command's `--help` import
-no torch, TransformerLens or matplotlib (seconds each on a loaded machine)."""
+"""What a newcomer runs first works from a fresh Python: `workbench --help` and every command's
+`--help` import no torch, TransformerLens or matplotlib (seconds each on a loaded machine), and a
+preset is found by name with nothing imported before."""
 
 from __future__ import annotations
 
@@ -31,3 +32,8 @@ def test_help_of_workbench_and_of_every_command_imports_nothing_heavy():
         f"print(len(commands), sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n")
     n_commands, loaded = out.split(" ", 1)
     assert int(n_commands) >= 10 and loaded.strip() == "[]"
+
+
+def test_get_preset_from_a_fresh_python_with_nothing_imported_first():
+    out = _fresh_python("from models.presets import get_preset\nprint(get_preset('lego-cpu').task.name)")
+    assert out.strip() == "lego"
