@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from interp.patching import spearman
-from models.runs import ANALYSIS, RunFolderError, read_json
+from models.runs import ANALYSIS, RunFolderError, read_json, verified_weights
 from models.safe_files import nan_at
 
 SCHEMA = 3  # the version of analysis.json written, as "schema"; a file without one is version 1 (UPGRADES)
@@ -38,6 +38,15 @@ def read_analysis(run_dir: Path) -> dict[str, Any] | None:
     if problem:
         raise RunFolderError(f"{path} {problem}; {again}")
     return data
+
+
+def analysis_is_current(run_dir: Path) -> bool:
+    """Whether the run's analysis.json read the weights the folder holds now (same sha256); False
+    without one, or for one that does not record its weights."""
+    analysis = read_analysis(run_dir)
+    if analysis is None or not analysis["weights"]:
+        return False
+    return analysis["weights"].get("digest") == verified_weights(run_dir)[1].digest
 
 
 def _schema_problem(data: Any) -> str | None:

@@ -110,6 +110,7 @@ class Cell:
     source: str | None = None  # analysis.json | timeline.json | metrics.jsonl
     step: int | None = None  # the step the verdict is of
     rates: dict[str, float] = field(default_factory=dict)  # the rates that decide it
+    href: str = ""  # the cell's folder, relative to the sweep folder (where the page is)
     report: dict[str, Any] = field(default_factory=dict)  # href (relative to the sweep folder), exists
     timeline: dict[str, Any] | None = None  # href, decided_at, final_label, changes; None without timeline.json
     final: dict[str, Any] = field(default_factory=dict)  # the last evaluation's scalars
@@ -129,7 +130,8 @@ def read_cell(folder: Path, name: str, point: dict[str, Any], recorded: dict[str
     """One cell from its folder; a damaged file makes it `damaged`, naming the file."""
     run_dir = folder / name
     href = quote(name, safe="=,")
-    cell = Cell(name, point, "pending", report={"href": f"{href}/{REPORT}", "exists": (run_dir / REPORT).is_file()})
+    cell = Cell(name, point, "pending", href=f"{href}/",
+                report={"href": f"{href}/{REPORT}", "exists": (run_dir / REPORT).is_file()})
     if recorded.get("refused"):
         cell.status, cell.error = "damaged", _last_line(recorded.get("error"))
         return cell

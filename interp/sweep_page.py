@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import shlex
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,10 @@ def sweep_page(folder: Path) -> dict[str, Any]:
     index = read_sweep_index(Path(folder))
     cells = read_cells(index)
     axes = choose_axes(index.grid)
-    return {"schema": PAGE_SCHEMA, "sweep": index.folder.name, "task": index.task, "preset": index.preset,
+    # "folder": the sweep folder as the command writing the page was given it (relative to where it
+    # ran), so that the commands the page suggests run as written from there
+    return {"schema": PAGE_SCHEMA, "sweep": index.folder.name, "folder": str(folder), "task": index.task,
+            "preset": index.preset,
             "finished": index.finished, "grid": index.grid, "axes": axes,
             "counts": dict(Counter(c.status for c in cells)), "groups": group_cells(cells, index.grid, axes),
             "cells": {c.name: c.to_dict() for c in cells},
@@ -209,11 +213,19 @@ def _html_table(rows: list[list[str]], header: list[str]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def run_links(cell: dict[str, Any]) -> str:
-    """A run's report link (or how to write it), and its timeline's decision where it has one."""
+def command(*words: str) -> str:
+    """A workbench command line as the page shows it: each word quoted for the shell, escaped for HTML."""
+    return f"<code>{html.escape(shlex.join(['workbench', *words]))}</code>"
+
+
+def run_links(cell: dict[str, Any], folder: str) -> str:
+    """A run's folder and report links (or the command that writes the report, from where the
+    sweep's `folder` is a path), and its timeline's decision where it has one. The links are
+    relative to the sweep folder, where the page is."""
     report = cell["report"]
-    parts = [_link(report["href"], "report") if report["exists"] else
-             f"no report yet (<code>workbench report {html.escape(cell['name'])}</code>)"]
+    parts = [_link(cell["href"], "folder"),
+             _link(report["href"], "report") if report["exists"] else
+             f"no report yet ({command('analyze', str(Path(folder) / cell['name']))})"]
     timeline = cell["timeline"]
     if timeline:
         decided = timeline["decided_at"]
@@ -230,12 +242,12 @@ def _verdict_text(cell: dict[str, Any]) -> str:
     return html.escape(f"{cell['label']} (from {cell['source']}, step {cell['step']})")
 
 
-def _run_line(cell: dict[str, Any], seed_key: str | None) -> str:
+def _run_line(cell: dict[str, Any], seed_key: str | None, folder: str) -> str:
     """One run inside a square of the grid table."""
     who = f"{seed_key.rpartition('.')[2]}={_value(cell['point'][seed_key])}" if seed_key else cell["name"]
     rates = " ".join(f"{k} {v:.2f}" for k, v in list(cell["rates"].items())[:MAX_RATES_IN_CELL])
     return (f"<div><b>{html.escape(who)}</b> [{html.escape(cell['status'])}] {_verdict_text(cell)} "
-            f"{html.escape(rates)}<br>{run_links(cell)}</div>")
+            f"{html.escape(rates)}<br>{run_links(cell, folder)}</div>")
 
 
 def grid_table_html(page: dict[str, Any]) -> str:
@@ -256,7 +268,8 @@ def grid_table_html(page: dict[str, Any]) -> str:
                              and _same(g["y"], y))
                 head = html.escape(cell_text(group).replace("\n", "; "))
                 row.append(f"<div class='verdict-cell'><b>{head}</b></div>" +
-                           "".join(_run_line(page["cells"][name], axes["seed"]) for name in group["runs"]))
+                           "".join(_run_line(page["cells"][name], axes["seed"], page["folder"])
+                                   for name in group["runs"]))
             rows.append(row)
         parts.append(_html_table(rows, ["", *(f"{axes['x']}={_value(x)}" if axes["x"] else "all runs" for x in xs)]))
     return "".join(parts)
@@ -268,7 +281,7 @@ def cells_table_html(page: dict[str, Any]) -> str:
     metrics = sorted({m for c in cells for m in c["final"] if m not in HIDDEN_FINAL})
     rows = [[html.escape(c["name"]), html.escape(c["status"]), html.escape(c["label"] or "-"),
              html.escape(f"{c['source']} (step {c['step']})" if c["source"] else "-"),
-             html.escape(" ".join(f"{k} {v:.3f}" for k, v in c["rates"].items())), run_links(c),
+             html.escape(" ".join(f"{k} {v:.3f}" for k, v in c["rates"].items())), run_links(c, page["folder"]),
              *(html.escape(_fmt(c["final"].get(m))) for m in metrics)] for c in cells]
     return _html_table(rows, ["cell", "status", "verdict", "verdict from", "rates", "links", *metrics])
 
@@ -289,7 +302,16 @@ def _summary_html(page: dict[str, Any]) -> str:
             f"<code>{html.escape(str(page['preset']))}</code>; sweep {html.escape(state)}. Cells: "
             f"{html.escape(counts)}.</p><p>Axes: {html.escape(drawn + facets + seeds)}. A verdict comes from the run's "
             "analysis.json, else the last point of its timeline.json, else the last record of its metrics.jsonl (the "
-            f"task's summary); each run says which.</p>")
+            f"task's summary); each run says which.</p>{_analyse_hint(page)}")
+
+
+def _analyse_hint(page: dict[str, Any]) -> str:
+    """The command that analyses every finished cell not analysed yet, where there is one."""
+    waiting = [c for c in page["cells"].values() if c["status"] == "done" and c["source"] != "analysis.json"]
+    if not waiting:
+        return ""
+    return (f"<p>{len(waiting)} finished cell(s) have no analysis yet: {command('analyze', page['folder'])} "
+            "analyses them (heads, patching, verdict; a report each) and writes this page again.</p>")
 
 
 def page_html(page: dict[str, Any]) -> str:

@@ -1,6 +1,7 @@
 """Named run configurations, registered by the tasks: each task's module in interp/tasks/ (or a
 `<task>_presets.py` beside it) calls `register_preset` for its presets, so this registry names no
-task. Presets are found once `interp.tasks` is imported, as the command line does. The naming
+task. `all_presets` and `get_preset` import interp.tasks (every task's module) before they
+look, so a preset is found from a fresh Python with nothing imported first. The naming
 convention: `*-cpu` presets learn on 2 CPU cores in minutes; `*-gpu` presets ask for CUDA and
 bf16 and are sized by FLOP count to at most 10 minutes of one H100 each; `*-paper` presets follow
 the papers' recipes (docs/papers.md) and want a GPU."""
@@ -38,17 +39,24 @@ def register_preset(name: str, factory: Callable[[], RunConfig], default_for: st
         QUICK_START.append(name)
 
 
+def all_presets() -> dict[str, Callable[[], RunConfig]]:
+    """Every preset's factory by name, in registration order, once every module of interp/tasks/
+    (where the tasks register their presets) is imported."""
+    import interp.tasks  # noqa: F401 (its modules call register_preset on import)
+
+    return PRESETS
+
+
 def get_preset(name: str) -> RunConfig:
-    if name not in PRESETS:
-        if not PRESETS:
-            raise ConfigError(f"preset {name!r} is unknown: no preset is registered yet; the tasks register theirs "
-                              f"when interp.tasks is imported (import interp.tasks first)")
-        raise ConfigError(f"preset {name!r} is unknown; use one of {sorted(PRESETS)}")
-    return PRESETS[name]()
+    presets = all_presets()
+    if name not in presets:
+        raise ConfigError(f"preset {name!r} is unknown; use one of {sorted(presets)}")
+    return presets[name]()
 
 
 def default_preset(task: str) -> str:
     """The preset a task trains with when none is named (registered by the task's interp module)."""
+    all_presets()
     if task not in DEFAULT_PRESETS:
         raise ConfigError(f"task {task!r} has no default preset; name one with --preset (see `workbench presets`)")
     return DEFAULT_PRESETS[task]
@@ -56,6 +64,7 @@ def default_preset(task: str) -> str:
 
 def quick_start_preset() -> str:
     """The preset `workbench demo` trains (registered with `quick_start=True` by one task)."""
+    all_presets()
     if not QUICK_START:
         raise ConfigError("no task registers a quick-start preset; name one with --preset (see `workbench presets`)")
     return QUICK_START[0]

@@ -13,7 +13,6 @@ import traceback
 from analyses.cli.common import EXIT_CONFIG, EXIT_DIVERGED, EXIT_UNEXPECTED, EXIT_WRITE
 from analyses.cli.guards import NAME_MAX, check_name_lengths, check_out_link, is_write_failure, save_traceback
 from analyses.cli.parser import build_parser as _parser
-from tasks import ConfigError
 
 __all__ = ["EXIT_CONFIG", "EXIT_DIVERGED", "EXIT_UNEXPECTED", "EXIT_WRITE", "main"]
 
@@ -24,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_CONFIG
+    from tasks import ConfigError  # after parsing: `--help` and a usage error import nothing heavy (torch)
+
     try:
         check_name_lengths(args)
         check_out_link(args)

@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 
 from analyses.cli.common import load_tasks
-from tasks import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tasks import ConfigError
+
     if args.ensemble is not None:
         from analyses.bench.ensemble import run_ensemble_benchmark
 

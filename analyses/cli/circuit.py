@@ -9,8 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks import ConfigError
-
 _EXPORT_HELP = """Find the run's circuit as `workbench analyze` does (same pairs and seed, so the same heads and
 edges as its analysis.json on the CPU) and write it in the file format of MIB's circuit track:
 OUT/circuit.json (the circuit, with every head's exact patching effect and every head edge's
@@ -51,6 +49,7 @@ def _add_pair_options(p: argparse.ArgumentParser) -> None:
 def _measured_files(run_dir: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     from interp.circuit_compare import measure_run_circuit, mib_files
     from models.runs import load_run
+    from tasks import ConfigError
 
     if args.pairs < 2:
         raise ConfigError(f"--pairs {args.pairs}: give 2 or more pairs")
@@ -85,6 +84,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _circuit_of(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """A MIB file from a run folder (measured), a circuit-export folder or a file."""
     from interp.mib import read_mib
+    from tasks import ConfigError
 
     if path.is_dir() and (path / "model.safetensors").exists():
         return _measured_files(path, args)["circuit.json"]
@@ -100,6 +100,7 @@ def _circuit_of(path: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from interp.circuit_compare import compare_circuits, comparison_lines
+    from tasks import ConfigError
 
     a, b = (_circuit_of(path, args) for path in (args.a, args.b))
     try:

@@ -8,8 +8,6 @@ import json
 import sys
 from pathlib import Path
 
-from tasks import ConfigError
-
 EXIT_UNEXPECTED, EXIT_CONFIG, EXIT_DIVERGED, EXIT_WRITE = 1, 2, 3, 4
 
 
@@ -18,6 +16,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="override a config value, e.g. --set model.tie_layers=true (repeatable)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default: the config's (auto = CUDA when present)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_ensemble_argument(p: argparse.ArgumentParser) -> None:
+    """`--ensemble auto|on|off` on a command that trains cells (sweep, study); the modes are
+    analyses/runners/ensemble.py's ENSEMBLE_MODES, written out so that building the parser imports no torch."""
+    p.add_argument("--ensemble", choices=("auto", "on", "off"), default="auto",
+                   help="train same-shape cells as one stacked ensemble: on, off, or auto (default: on for "
+                        "CUDA, off on the CPU; docs/ensembles.md)")
 
 
 def load_tasks() -> list[str]:
@@ -31,6 +37,7 @@ def load_tasks() -> list[str]:
 
 def resolve_config(args: argparse.Namespace, preset: str | None, task: str | None):
     from models.presets import default_preset, get_preset, quick_start_preset
+    from tasks import ConfigError
 
     known = load_tasks()
     if task is not None and task not in known:
@@ -54,6 +61,7 @@ def config_from_file(path: Path):
     """A RunConfig from a JSON file, read strictly (models.runs.read_json); a run's config.json
     works as it is (its package versions are ignored)."""
     from models.runs import read_config_file
+    from tasks import ConfigError
 
     try:
         return read_config_file(path)
@@ -64,6 +72,7 @@ def config_from_file(path: Path):
 def train_run(cfg, out: Path, resume: bool, progress: bool) -> int:
     from models.runs import RunFolder, model_sizes, out_of_memory
     from models.train import Trainer, TrainingDiverged
+    from tasks import ConfigError
 
     try:
         result = Trainer(cfg, out, resume=resume, progress=progress).fit()

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from analyses.cli.common import load_tasks
-from tasks import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from models.curriculum import CURRICULA, get_curriculum, train_curriculum
+    from tasks import ConfigError
 
     load_tasks()  # a task's module in interp/tasks/ registers its curricula
     if args.list:

@@ -12,7 +12,6 @@ from pathlib import Path
 from analyses.cli.analyze import run as analyze
 from analyses.cli.common import add_run_options, load_tasks, resolve_config, train_run
 from analyses.cli.report import run as write_report
-from tasks import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +55,7 @@ def check_demo_folder(out: Path) -> None:
     """The demo trains into a new or empty folder, or replaces a run of its own (`_is_demo_run`);
     any other run is refused, never deleted."""
     from models.runs import DEMO, RUN_FILES, RunFolder, is_own_temp
+    from tasks import ConfigError
 
     if not _is_demo_run(out):
         folder = RunFolder(out, named_by="--out")
@@ -74,6 +74,7 @@ def _is_demo_run(out: Path) -> bool:
     """Whether `out` holds a run the demo wrote: its demo.json records the config that its
     config.json holds (or the demo stopped before writing config.json)."""
     from models.runs import CONFIG, DEMO, read_config, read_json
+    from tasks import ConfigError
 
     try:
         recorded = read_json(out / DEMO)

@@ -12,8 +12,6 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from tasks import ConfigError
-
 
 def is_write_failure(err: BaseException) -> bool:
     """Disk full, over quota, permission denied or a read-only file system; safetensors reports
@@ -54,6 +52,8 @@ NAME_MAX, PATH_MAX = 255, 4095  # bytes in one name, in a whole path (Linux, mos
 def check_name_lengths(args: argparse.Namespace) -> None:
     """A path argument with a name longer than the file system takes is refused up front, naming
     the option: the file system's own error comes from wherever the name is first used."""
+    from tasks import ConfigError
+
     for dest, value in vars(args).items():
         if not isinstance(value, Path):
             continue
@@ -69,6 +69,8 @@ def check_name_lengths(args: argparse.Namespace) -> None:
 
 def check_out_link(args: argparse.Namespace) -> None:
     """An --out that is a symbolic link to nothing would create the link's far-away target."""
+    from tasks import ConfigError
+
     out = getattr(args, "out", None)
     if isinstance(out, Path) and out.is_symlink() and not out.exists():
         raise ConfigError(f"--out {out} is a symbolic link to {os.readlink(out)}, which does not exist; the workbench "

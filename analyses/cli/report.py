@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from analyses.cli.common import EXIT_CONFIG
-from tasks import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from interp.run_report import write_run_report
     from interp.sweep_cells import is_sweep_folder
     from models.runs import CONFIG, load_run, run_lock
+    from tasks import ConfigError
 
     if not args.run_dir.is_dir():
         raise ConfigError(f"{args.run_dir} is not a run folder; train one first (workbench train --out {args.run_dir})")

@@ -7,9 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from analyses.cli.common import EXIT_CONFIG
-from analyses.runners.ensemble import add_ensemble_argument
-from tasks import ConfigError
+from analyses.cli.common import EXIT_CONFIG, add_ensemble_argument
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +55,7 @@ def _gamma_pair(raw: str) -> tuple[float, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from analyses.runners.study import all_studies, run_study
+    from tasks import ConfigError
 
     if args.list or not args.name:
         for name, study in sorted(all_studies().items()):

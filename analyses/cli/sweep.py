@@ -7,9 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from analyses.cli.common import EXIT_CONFIG, load_tasks
-from analyses.runners.ensemble import add_ensemble_argument
-from tasks import ConfigError
+from analyses.cli.common import EXIT_CONFIG, add_ensemble_argument, load_tasks
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from analyses.runners.sweep import grid_cells, machine_cores, parse_grid, run_sweep
     from models.presets import get_preset
     from models.runs import run_lock
+    from tasks import ConfigError
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers {args.workers} must be >= 1")

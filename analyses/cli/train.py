@@ -7,7 +7,6 @@ from pathlib import Path
 
 from analyses.cli.common import add_run_options, resolve_config, train_run
 from analyses.cli.report import run as write_report
-from tasks import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +38,7 @@ metrics.jsonl). Examples:
 
 def run(args: argparse.Namespace) -> int:
     from models.runs import CONFIG, RunFolder, read_config
+    from tasks import ConfigError
 
     folder = RunFolder(args.out, named_by="--out")
     if args.source:

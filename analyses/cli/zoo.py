@@ -6,8 +6,6 @@ import argparse
 import time
 from pathlib import Path
 
-from tasks import ConfigError
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     zoo = sub.add_parser("zoo", help="list the committed zoo of trained runs, or rebuild entries of it")
@@ -22,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from analyses.zoo import ZOO, ZOO_DIR, build, status, zoo_entry
+    from tasks import ConfigError
 
     zoo_dir = args.dir or ZOO_DIR
     if args.action == "list":

@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     page = args.out / "findings.html"
     markdown = args.page.read_text()
-    page.write_text(render_page(markdown, args.page.resolve().parent, {p.name: p for p in figures}, "Findings"))
+    page.write_text(render_page(markdown, args.page.resolve().parent, {p.name: p for p in figures}, "Findings",
+                                page_folder=args.out))
     for path in [*figures, page]:
         print(f"wrote {path} ({path.stat().st_size:,} bytes)")
     return 0

@@ -1,14 +1,18 @@
 """A markdown page as one self-contained HTML file: the subset the findings page uses (headings,
 paragraphs, bullet lists, tables, fenced code, links, images, bold, italics, inline code). Images
-are embedded as base64 data URIs; links to repository files become file:// links to this
-checkout, so the page opens offline and needs no server."""
+are embedded as base64 data URIs; links to repository files become links relative to the folder
+the page is written to, so the page opens offline, needs no server, and its links work in any
+checkout it is written into (and on a web host serving the repository)."""
 
 from __future__ import annotations
 
 import base64
 import html
+import os
+import posixpath
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$")
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
@@ -26,9 +30,10 @@ def slug(text: str) -> str:
     return "".join(c for c in text if c.isalnum() or c in " -_").replace(" ", "-")
 
 
-def inline(text: str, base: Path, images: dict[str, Path]) -> str:
+def inline(text: str, base: Path, images: dict[str, Path], up: str) -> str:
     """Escape `text`, then turn its code spans, images, links and emphasis into HTML. Code spans
-    and images are set aside first, so that emphasis may span them and nothing inside them is read."""
+    and images are set aside first, so that emphasis may span them and nothing inside them is read.
+    `up`: `base` as a relative path from the page's folder, which the links start from."""
     kept: list[str] = []
 
     def keep(fragment: str) -> str:
@@ -38,18 +43,19 @@ def inline(text: str, base: Path, images: dict[str, Path]) -> str:
     text = re.sub(r"`([^`]+)`", lambda m: keep(f"<code>{html.escape(m.group(1))}</code>"), text)
     text = IMAGE.sub(lambda m: keep(image_tag(m.group(1), m.group(2), base, images)), text)
     text = html.escape(text, quote=False)
-    text = LINK.sub(lambda m: f'<a href="{html.escape(href(m.group(2), base), quote=True)}">{m.group(1)}</a>', text)
+    text = LINK.sub(lambda m: f'<a href="{html.escape(href(m.group(2), up), quote=True)}">{m.group(1)}</a>', text)
     text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
     text = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<em>\1</em>", text)
     return re.sub(r"\0(\d+)\0", lambda m: kept[int(m.group(1))], text)
 
 
-def href(target: str, base: Path) -> str:
-    """An in-page anchor stays; a repository file becomes a file:// link to it."""
+def href(target: str, up: str) -> str:
+    """An in-page anchor or a web address stays; a repository file becomes a link relative to the
+    page's folder (`up`: the markdown's folder as seen from there)."""
     if target.startswith("#") or re.match(r"^[a-z]+:", target):
         return target
     path, _, anchor = target.partition("#")
-    return (base / path).resolve().as_uri() + (f"#{anchor}" if anchor else "")
+    return quote(posixpath.normpath(posixpath.join(up, path))) + (f"#{anchor}" if anchor else "")
 
 
 def image_tag(alt: str, target: str, base: Path, images: dict[str, Path]) -> str:
@@ -60,12 +66,12 @@ def image_tag(alt: str, target: str, base: Path, images: dict[str, Path]) -> str
     return f'<img alt="{html.escape(alt, quote=True)}" src="data:image/png;base64,{data}">'
 
 
-def table(rows: list[str], base: Path, images: dict[str, Path]) -> str:
+def table(rows: list[str], base: Path, images: dict[str, Path], up: str) -> str:
     cells = [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))] for row in rows]
     head, body = cells[0], cells[2:]
-    out = ["<table><thead><tr>", *(f"<th>{inline(c, base, images)}</th>" for c in head), "</tr></thead><tbody>"]
+    out = ["<table><thead><tr>", *(f"<th>{inline(c, base, images, up)}</th>" for c in head), "</tr></thead><tbody>"]
     for row in body:
-        out += ["<tr>", *(f"<td>{inline(c.replace(chr(92) + '|', '|'), base, images)}</td>" for c in row), "</tr>"]
+        out += ["<tr>", *(f"<td>{inline(c.replace(chr(92) + '|', '|'), base, images, up)}</td>" for c in row), "</tr>"]
     return "".join(out + ["</tbody></table>"])
 
 
@@ -96,21 +102,23 @@ def blocks(lines: list[str]) -> list[tuple[str, list[str]]]:
     return found
 
 
-def render_page(markdown: str, base: Path, images: dict[str, Path], title: str) -> str:
-    """The page as HTML; `base` is the folder its relative links and images are relative to."""
+def render_page(markdown: str, base: Path, images: dict[str, Path], title: str, page_folder: Path) -> str:
+    """The page as HTML; `base` is the folder the markdown's relative links and images are
+    relative to, `page_folder` the one the HTML is written to (its links are relative to it)."""
+    up = Path(os.path.relpath(Path(base).resolve(), Path(page_folder).resolve())).as_posix()
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{STYLE}</style></head><body>"]
     for kind, lines in blocks(markdown.splitlines()):
         if kind == "heading":
             level, text = HEADING.match(lines[0]).groups()
-            out.append(f'<h{len(level)} id="{slug(text)}">{inline(text, base, images)}</h{len(level)}>')
+            out.append(f'<h{len(level)} id="{slug(text)}">{inline(text, base, images, up)}</h{len(level)}>')
         elif kind == "code":
             out.append(f"<pre><code>{html.escape(chr(10).join(lines))}</code></pre>")
         elif kind == "table":
-            out.append(table(lines, base, images))
+            out.append(table(lines, base, images, up))
         elif kind == "list":
             items = [BULLET.sub("", item) for item in re.split(r"\n(?=\s*[-*] )", "\n".join(lines))]
-            out.append("<ul>" + "".join(f"<li>{inline(item, base, images)}</li>" for item in items) + "</ul>")
+            out.append("<ul>" + "".join(f"<li>{inline(item, base, images, up)}</li>" for item in items) + "</ul>")
         else:
-            out.append(f"<p>{inline(' '.join(lines), base, images)}</p>")
+            out.append(f"<p>{inline(' '.join(lines), base, images, up)}</p>")
     return "\n".join(out + ["</body></html>"])

@@ -94,9 +94,3 @@ def _train_group(group: dict[str, tuple[RunConfig, Path]], progress: bool) -> li
             results.append(CellResult(name, "done", outcome.final, outcome.seconds))
     return results
 
-
-def add_ensemble_argument(parser: Any) -> None:
-    """`--ensemble auto|on|off` on a command that trains cells (sweep, study)."""
-    parser.add_argument("--ensemble", choices=ENSEMBLE_MODES, default="auto",
-                        help="train same-shape cells as one stacked ensemble: on, off, or auto (default: on for "
-                             "CUDA, off on the CPU; docs/ensembles.md)")

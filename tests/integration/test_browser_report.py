@@ -147,9 +147,11 @@ def test_sweep_page_renders_offline_and_links_to_its_runs_reports(browser, sweep
     assert len(shown) == 2  # the grid, the rates per run
     assert all(f["png"] and f["complete"] and f["width"] > 0 for f in shown)
     links = page.evaluate("[...document.querySelectorAll('a')].map(a => a.getAttribute('href'))")
-    assert links and set(links) == {"init_gamma=0.5__seed=0/report.html"}  # the one run with a report
-    assert "workbench report init_gamma=0.3__seed=0" in page.inner_text("body")  # the other says how to write it
-    page.locator("a").first.click()
+    # each run's folder, and the report of the one run with a report, relative to the page
+    assert set(links) == {"init_gamma=0.3__seed=0/", "init_gamma=0.5__seed=0/", "init_gamma=0.5__seed=0/report.html"}
+    other = sweep_page_path.parent / "init_gamma=0.3__seed=0"
+    assert f"workbench analyze {other}" in page.inner_text("body")  # the other says how to write it
+    page.locator("a[href$='report.html']").first.click()
     page.wait_for_load_state("load")
     assert page.title() == "interp-workbench run: init_gamma=0.5__seed=0"
 

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from analyses.cli import main
-from models.presets import PRESETS
+from models.presets import all_presets
 from models.runs import read_metrics
 from tests.helpers import folder_bytes
 
@@ -70,10 +70,14 @@ def test_help_for_every_command(capsys):
     assert "--resume" in capsys.readouterr().out
 
 
-def test_presets_lists_valid_json(capsys):
+def test_presets_lists_one_line_each_and_json_on_request(capsys):
     assert main(["presets"]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(all_presets())
+    assert "lego-cpu           lego       4L d64 4h, 3,000 steps x 128" in "\n".join(lines)
+    assert main(["presets", "--json"]) == 0
     blocks = re.split(r"^== .*$", capsys.readouterr().out, flags=re.M)[1:]
-    assert len(blocks) == len(PRESETS) and all(json.loads(b)["task"]["name"] for b in blocks)
+    assert len(blocks) == len(all_presets()) and all(json.loads(b)["task"]["name"] for b in blocks)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")

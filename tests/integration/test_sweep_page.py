@@ -4,9 +4,12 @@ damaged cells (exit 2 naming the file, page written, runs untouched); bad folder
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import pytest
 
@@ -59,7 +62,32 @@ def test_the_sweep_writes_its_page_and_report_writes_it_again(trained_sweep, swe
     assert cell["label"] == "unlearned" and set(cell["rates"]) == {"seen"}
     assert cell["report"] == {"href": f"{CELLS[0]}/report.html", "exists": False} and cell["timeline"] is None
     text = (sweep / "report.html").read_text()
-    assert "data:image/png;base64," in text and "acc_seen" in text and f"workbench report {CELLS[0]}" in text
+    assert "data:image/png;base64," in text and "acc_seen" in text
+    assert f"workbench analyze {sweep / CELLS[0]}" in text and f"workbench analyze {sweep}</code>" in text
+
+
+def _links(page: Path) -> list[str]:
+    """The page's links to files (not anchors, not the web), as written."""
+    hrefs = [html.unescape(h) for h in re.findall(r'href="([^"]+)"', page.read_text())]
+    return [h for h in hrefs if not h.startswith(("#", "http:", "https:", "data:"))]
+
+
+def test_analyze_sweep_analyses_every_finished_cell_once_and_links_them_from_the_page(sweep, capsys):
+    assert main(["analyze", str(sweep), "--samples", "64", "--no-progress"]) == 0
+    assert "analysed 4 cell(s) (0 already analysed, 0 not finished)" in capsys.readouterr().out
+    assert all((sweep / name / "analysis.json").is_file() and (sweep / name / "report.html").is_file()
+               for name in CELLS)
+    page = _page(sweep)
+    assert {c["source"] for c in page["cells"].values()} == {"analysis.json"}
+    links = _links(sweep / "report.html")
+    for name in CELLS:  # each cell's folder and report, by paths relative to the page's folder
+        assert f"{quote(name, safe='=,')}/" in links and f"{quote(name, safe='=,')}/report.html" in links
+    assert links and all(not Path(link).is_absolute() and (sweep / unquote(link)).exists() for link in links)
+    assert "workbench analyze" not in (sweep / "report.html").read_text()  # nothing left to run
+    analysed = {name: (sweep / name / "analysis.json").stat().st_mtime_ns for name in CELLS}
+    assert main(["analyze", str(sweep), "--no-progress"]) == 0  # a rerun skips the cells analysed
+    assert "analysed 0 cell(s) (4 already analysed" in capsys.readouterr().out
+    assert analysed == {name: (sweep / name / "analysis.json").stat().st_mtime_ns for name in CELLS}
 
 
 def test_a_2x2_composite_grid_is_a_2x2_figure_with_one_seed_per_square(sweep):

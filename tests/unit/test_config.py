@@ -3,11 +3,11 @@ import json
 import pytest
 
 from models.config import ModelConfig, RunConfig, TrainConfig
-from models.presets import PRESETS, get_preset
+from models.presets import all_presets, get_preset
 from tasks import CompositeConfig, ConfigError, LegoConfig
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("name", sorted(all_presets()))
 def test_every_preset_round_trips_through_json(name):
     cfg = get_preset(name)
     assert RunConfig.from_dict(json.loads(cfg.to_json())) == cfg

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+from html import unescape
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -46,6 +48,17 @@ def test_the_command_writes_the_three_figures_and_the_page(tmp_path):
     assert html.count('src="data:image/png;base64,') == len(FIGURES)
     assert "<table>" in html and 'id="scoreboard-the-papers-16-findings"' in html
     assert not re.search(r'src="(?!data:)', html), "the page must load nothing from outside itself"
+
+
+def test_the_page_links_its_evidence_relative_to_where_it_is_written(tmp_path):
+    out = tmp_path / "out"
+    assert main(["--figures", str(tmp_path / "fig"), "--out", str(out)]) == 0
+    page = (out / "findings.html").read_text()
+    hrefs = [unescape(h) for h in re.findall(r'href="([^"]+)"', page)]
+    files = [h.partition("#")[0] for h in hrefs if not h.startswith(("#", "http:", "https:", "mailto:"))]
+    assert "file:" not in page and len(files) > 10 and any("analyses/lab/" in f for f in files)
+    missing = [f for f in files if Path(f).is_absolute() or not (out / unquote(f)).exists()]
+    assert not missing, f"links that do not open from the page's folder: {missing[:5]}"
 
 
 def test_every_figure_the_page_shows_is_committed_small_and_drawn_by_the_command():
