@@ -66,6 +66,7 @@ def replay(args: argparse.Namespace, folder) -> int:
 
     from models.run_folder import fork_run
     from models.runs import read_config
+    from tasks import ConfigError
 
     run, _, step = args.source.rpartition("@")
     if not run or not step.isdigit():

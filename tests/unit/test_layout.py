@@ -143,10 +143,3 @@ def test_every_documented_python_m_module_exists_and_runs_as_a_script(module):
         f"{where} runs `python -m {module}`, which has no `if __name__ == \"__main__\":` block")
 
 
-SOURCE_MAX_LINES = 500  # one job per file: a longer module is split along its own seams (CONTRIBUTING)
-
-
-def test_no_source_file_is_over_500_lines():
-    long = {str(path.relative_to(ROOT)): lines for folder in OURS for path in (ROOT / folder).rglob("*.py")
-            if (lines := path.read_text(encoding="utf-8").count("\n")) > SOURCE_MAX_LINES}
-    assert not long, f"over {SOURCE_MAX_LINES} lines, split along their seams: {long}"
