@@ -1,7 +1,9 @@
 """A markdown page as one self-contained HTML file: the subset the findings page uses (headings,
 paragraphs, bullet lists, tables, fenced code, links, images, bold, italics, inline code). Images
 are embedded as base64 data URIs; links to repository files become file:// links to this
-checkout, so the page opens offline and needs no server."""
+checkout, so the page opens offline and needs no server. What the page may hold is bounded here:
+links go to http(s), a relative file or an #anchor, images are the page's own figures, and a
+code fence closes; anything else is a PageError naming it."""
 
 from __future__ import annotations
 
@@ -10,11 +12,16 @@ import html
 import re
 from pathlib import Path
 
+from models.safe_files import read_regular
+
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$")
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```")
 BULLET = re.compile(r"^\s*[-*] ")
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
+SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
+WEB = re.compile(r"^https?://", re.IGNORECASE)
+IMAGE_LIMIT = 16 << 20  # bytes of one embedded figure; the committed ones are under 150 kB
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}
 table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ccc;padding:.3em .5em;vertical-align:top}
 th{background:#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:0 .2em}pre{background:#f3f3f3;padding:.6em}"""
@@ -44,19 +51,27 @@ def inline(text: str, base: Path, images: dict[str, Path]) -> str:
     return re.sub(r"\0(\d+)\0", lambda m: kept[int(m.group(1))], text)
 
 
+class PageError(ValueError):
+    """Markdown the page renderer refuses: a link or image it does not take, a fence never closed."""
+
+
 def href(target: str, base: Path) -> str:
-    """An in-page anchor stays; a repository file becomes a file:// link to it."""
-    if target.startswith("#") or re.match(r"^[a-z]+:", target):
+    """An in-page anchor or an http(s) address stays; a repository file becomes a file:// link to
+    it; any other scheme (javascript:, data:, ...) is a PageError."""
+    if target.startswith("#") or WEB.match(target):
         return target
+    if SCHEME.match(target):
+        raise PageError(f"the link {target!r} is neither http(s), a relative file nor an #anchor")
     path, _, anchor = target.partition("#")
     return (base / path).resolve().as_uri() + (f"#{anchor}" if anchor else "")
 
 
 def image_tag(alt: str, target: str, base: Path, images: dict[str, Path]) -> str:
-    """An <img> whose source is the PNG itself, base64: a freshly drawn one if `images` has its
-    name, else the file the page names."""
-    path = images.get(Path(target).name, base / target)
-    data = base64.b64encode(path.read_bytes()).decode()
+    """An <img> whose source is the PNG itself, base64: one of the page's own figures (`images`,
+    by name), a regular file of at most IMAGE_LIMIT bytes; any other image is a PageError."""
+    if Path(target).name not in images:
+        raise PageError(f"the image {target!r} is not one of the page's figures ({', '.join(sorted(images))})")
+    data = base64.b64encode(read_regular(images[Path(target).name], IMAGE_LIMIT)).decode()
     return f'<img alt="{html.escape(alt, quote=True)}" src="data:image/png;base64,{data}">'
 
 
@@ -78,7 +93,9 @@ def blocks(lines: list[str]) -> list[tuple[str, list[str]]]:
         if not line.strip() or line.startswith("<!--"):
             i += 1
         elif line.startswith("```"):
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), None)
+            if end is None:
+                raise PageError(f"line {i + 1} opens a code block (```) that is never closed")
             found.append(("code", lines[i + 1:end]))
             i = end + 1
         elif HEADING.match(line):
@@ -97,7 +114,8 @@ def blocks(lines: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def render_page(markdown: str, base: Path, images: dict[str, Path], title: str) -> str:
-    """The page as HTML; `base` is the folder its relative links and images are relative to."""
+    """The page as HTML; `base` is the folder its relative links are relative to, `images` its
+    figures by name. PageError where the markdown holds what the page does not take."""
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{STYLE}</style></head><body>"]
     for kind, lines in blocks(markdown.splitlines()):
