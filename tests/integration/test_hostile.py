@@ -209,7 +209,9 @@ ROWS += [Row(command, "", "long-name", 2, ("255 bytes",)) for command in [*ALL_C
 ROWS += [Row("timeline", SNAPSHOT_INDEX, kind, 2, ("{folder}",) if kind == "deleted" else ("{file}",))
          for kind in [*JSON_DAMAGE, "fifo", "devzero", "huge"]]
 ROWS += [Row("timeline", FIRST_SNAPSHOT, kind, 2, ("{file}",)) for kind in [*SAFETENSORS_DAMAGE, "fifo", "devzero"]]
-# issue 54: a subfolder that is a link to another run's (its snapshots/) is refused by every trainer
+# issue 54: a metric a record lacks is missing, not a crash; a subfolder that is a link to another
+# run's (its snapshots/) is refused by every trainer
+ROWS += [Row(command, METRICS, "no-train-loss", 0, ()) for command in ("analyze", "report")]
 ROWS += [Row(command, SNAPSHOTS, "symlink-folder", 2, ("{file}", "symbolic link"))
          for command in ("resume", "resume-partial")]
 ROWS += [Row("train", f".{CONFIG}.{DEAD_PID}.0badf00d.tmp", "temp-only", 0, ()),  # a train killed writing its config
