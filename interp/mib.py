@@ -60,6 +60,9 @@ from typing import Any
 MIB_PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # evaluation.py's edge budgets
 CFG_KEYS = ("n_layers", "n_heads", "parallel_attn_mlp", "d_model")  # what Graph.from_model reads from "cfg"
 FILE_KEYS = ("cfg", "nodes", "edges")  # what Graph.from_json requires
+# a cfg's sizes, bounded before its graph is built: MIB's largest model (Llama-3.1 8B, 32 layers x 32
+# heads) has 1.6 million edges, and a file of the 64 MiB any JSON input may hold lists fewer
+MAX_LAYERS, MAX_HEADS, MAX_EDGES = 1024, 1024, 4_000_000
 _HEAD = re.compile(r"L(\d+)H(\d+)")
 _MIB_HEAD = re.compile(r"a(\d+)\.h(\d+)")
 
@@ -122,6 +125,26 @@ def mib_graph(n_layers: int, n_heads: int, parallel_attn_mlp: bool = False) -> t
             stream.append(mlp)
     edges += [f"{src}->logits" for src in stream]
     return [*nodes, "logits"], edges
+
+
+def mib_edge_count(n_layers: int, n_heads: int, parallel_attn_mlp: bool = False) -> int:
+    """How many edges `mib_graph` lists, counted without building them."""
+    stream, count = 1, 0  # the nodes written to the residual stream so far
+    for _ in range(n_layers):
+        count += stream * 3 * n_heads + stream + (0 if parallel_attn_mlp else n_heads)
+        stream += n_heads + 1
+    return count + stream
+
+
+def _check_sizes(cfg: Mapping[str, Any]) -> None:
+    """ValueError for a cfg whose graph is too large to build (MAX_LAYERS, MAX_HEADS, MAX_EDGES)."""
+    for key, most in (("n_layers", MAX_LAYERS), ("n_heads", MAX_HEADS)):
+        if cfg[key] > most:
+            raise ValueError(f"cfg's {key}={cfg[key]} is beyond what a circuit file can describe; use {key} <= {most}")
+    edges = mib_edge_count(cfg["n_layers"], cfg["n_heads"], cfg["parallel_attn_mlp"])
+    if edges > MAX_EDGES:
+        raise ValueError(f"cfg's graph ({cfg['n_layers']} layers x {cfg['n_heads']} heads) has {edges:,} edges; "
+                         f"a circuit file describes at most {MAX_EDGES:,}")
 
 
 def _node_of_receiver(receiver: str) -> str:
@@ -209,6 +232,7 @@ def check_mib(data: Any) -> None:
                for key in ("n_layers", "n_heads", "d_model")) or not isinstance(cfg["parallel_attn_mlp"], bool):
         raise ValueError("cfg's n_layers, n_heads and d_model must be positive integers, parallel_attn_mlp a boolean: "
                          f"{cfg}")
+    _check_sizes(cfg)
     nodes, edges = mib_graph(cfg["n_layers"], cfg["n_heads"], cfg["parallel_attn_mlp"])
     for kind, entries, names, keys in (("node", data["nodes"], set(nodes), ("in_graph",)),
                                        ("edge", data["edges"], set(edges), ("score", "in_graph"))):
@@ -239,10 +263,11 @@ def write_mib(path: str | Path, data: dict[str, Any]) -> Path:
 
 
 def read_mib(path: str | Path) -> dict[str, Any]:
-    """A MIB circuit file, checked (`check_mib`; ValueError naming the file)."""
-    from models.runs import read_json
+    """A MIB circuit file of at most JSON_LIMIT bytes (64 MiB; RunFolderError beyond), checked
+    (`check_mib`; ValueError naming the file)."""
+    from models.safe_files import JSON_LIMIT, read_json
 
-    data = read_json(Path(path), limit=1 << 30)
+    data = read_json(Path(path), limit=JSON_LIMIT)
     try:
         check_mib(data)
     except ValueError as err:

@@ -3,6 +3,7 @@ are in its module of interp/tasks/."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import matplotlib
@@ -13,10 +14,11 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 
 def loss_panel(ax: plt.Axes, records: list[dict[str, Any]]) -> None:
-    """Train and test loss over steps: the right-hand panel of every task's training curves."""
+    """Train and test loss over steps: the right-hand panel of every task's training curves. A
+    record without a loss leaves a gap in its line."""
     steps = [m["step"] for m in records]
-    ax.plot(steps, [m["train_loss"] for m in records], label="train")
-    ax.plot(steps, [m["eval_loss"] for m in records], label="test")
+    ax.plot(steps, [m.get("train_loss", math.nan) for m in records], label="train")
+    ax.plot(steps, [m.get("eval_loss", math.nan) for m in records], label="test")
     ax.set(xlabel="step", ylabel="cross-entropy", yscale="log", title="loss")
     plain_log_labels(ax)
     ax.legend(fontsize=8)

@@ -315,7 +315,13 @@ def _analyse_hint(page: dict[str, Any]) -> str:
 
 
 def page_html(page: dict[str, Any]) -> str:
-    """The whole page."""
+    """The whole page. Its figures draw the grid's values, names and labels as written: a `$` in
+    them is text, never matplotlib's mathtext (`text.parse_math` off while they are made and saved)."""
+    with plt.rc_context({"text.parse_math": False}):
+        return _page_html(page)
+
+
+def _page_html(page: dict[str, Any]) -> str:
     report = Report(f"Sweep {page['sweep']}")
     report.add("Grid", _summary_html(page) + figure_html(
         grid_figure(page), "Each square: the majority verdict over seeds (its colour), k of n, and the mean deciding "

@@ -22,6 +22,7 @@ POSITIONALS = ("standard", "rotary")
 NORM_POSITIONS = ("pre", "post")
 UNEMBED_BIAS_INITS = ("zero", "uniform")
 WEIGHT_DECAY_ON = ("matrices", "all")
+MAX_SNAPSHOTS = 10_000  # a count or list of train.snapshots; 20 is the default, and each one is a weights file
 MAX_SEED = 2**62  # room for the trainer's seed offsets (seed + 3_000_003) within a 64-bit generator seed
 
 
@@ -288,6 +289,10 @@ class TrainConfig:
         elif spec == 1 or spec < 0:
             raise ConfigError(f"train.snapshots={spec}: give a count >= 2 (step 0, log-spaced steps and the final "
                               f"weights), a list of steps, or 0 for none")
+        if (len(spec) if isinstance(spec, list) else spec) > MAX_SNAPSHOTS:
+            shown = f"a list of {len(spec):,} steps" if isinstance(spec, list) else spec
+            raise ConfigError(f"train.snapshots={shown} keeps more snapshots than a run folder holds; "
+                              f"use <= {MAX_SNAPSHOTS:,}")
         if self.snapshot_loss_factor is not None and not self.snapshot_loss_factor > 1:
             raise ConfigError(f"train.snapshot_loss_factor={self.snapshot_loss_factor} must be > 1, or null for no "
                               f"loss-spike snapshots")

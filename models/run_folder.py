@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import warnings
@@ -40,7 +41,7 @@ from models.runs import (
     write_config,
 )
 from models.safe_files import LOCK, RunFolderError, append_line, atomic_write_bytes, is_own_temp, run_lock, save_tensors
-from models.snapshots import copy_snapshots, remove_snapshots
+from models.snapshots import SNAPSHOTS, copy_snapshots, remove_snapshots
 from tasks import ConfigError
 
 _MOMENT = re.compile(r"step-(\d{8})\.safetensors")
@@ -103,9 +104,20 @@ class RunFolder:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """The folder's write lock (`run_lock`)."""
+        """The folder's write lock (`run_lock`), taken by every trainer before it writes; then the
+        check that no write would go through a link (`check_no_folder_links`)."""
         with run_lock(self.path):
+            self.check_no_folder_links()
             yield
+
+    def check_no_folder_links(self) -> None:
+        """RunFolderError naming an entry that is a symbolic link to a folder (`snapshots/`, or any
+        other): a write into it would land in the folder it points to, another run's perhaps. A
+        link in place of a file is not refused: the rename that writes the file replaces the link."""
+        for entry in os.scandir(self.path):
+            if entry.is_symlink() and (entry.name == SNAPSHOTS or entry.is_dir()):
+                raise RunFolderError(f"{entry.path} is a symbolic link (to {os.readlink(entry.path)}); the workbench "
+                                     f"never writes through one. Replace it with a folder of its own, then try again")
 
     def check_usable(self) -> None:
         """A folder to start a run in must be new, empty, or a run folder with nothing but run

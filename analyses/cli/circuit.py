@@ -33,7 +33,8 @@ def add_parser(sub: Any) -> None:
                              description=_COMPARE_HELP)
     compare.add_argument("a", type=Path, help="run folder, circuit-export folder or MIB circuit file")
     compare.add_argument("b", type=Path, help="the same, for the other circuit")
-    compare.add_argument("--out", type=Path, metavar="FILE.json", help="also write the comparison there as JSON")
+    compare.add_argument("--out", type=Path, metavar="FILE.json",
+                         help="also write the comparison there as JSON (its folder is made)")
     _add_pair_options(compare)
     compare.set_defaults(run=_cmd_compare)
 
@@ -66,7 +67,9 @@ def _measured_files(run_dir: Path, args: argparse.Namespace) -> dict[str, dict[s
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from interp.mib import write_mib
+    from models.runs import RunFolder
 
+    RunFolder(args.out, named_by="--out").check_place("the circuit files")  # before the measurement
     files = _measured_files(args.run_dir, args)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
@@ -98,10 +101,25 @@ def _circuit_of(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(str(err)) from None
 
 
+def _check_out_file(out: Path) -> None:
+    """--out FILE.json, checked before the circuits are measured: not a folder, and its folder made."""
+    from tasks import ConfigError
+
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; name a file for the comparison, e.g. {out / 'comparison.json'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--out {out}: its folder cannot be made ({err.strerror}); choose one you can write") \
+            from None
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from interp.circuit_compare import compare_circuits, comparison_lines
     from tasks import ConfigError
 
+    if args.out is not None:
+        _check_out_file(args.out)
     a, b = (_circuit_of(path, args) for path in (args.a, args.b))
     try:
         result = compare_circuits(a, b)

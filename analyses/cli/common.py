@@ -40,6 +40,9 @@ def resolve_config(args: argparse.Namespace, preset: str | None, task: str | Non
     from tasks import ConfigError
 
     known = load_tasks()
+    if preset is not None and not preset.strip():  # '' is not "no --preset": it would train the default one
+        raise ConfigError(f"--preset {preset!r} names no preset; give one (`workbench presets` lists them) or leave "
+                          f"--preset out")
     if task is not None and task not in known:
         raise ConfigError(f"--task {task!r} is unknown; use one of {known}")
     config_file = getattr(args, "config", None)

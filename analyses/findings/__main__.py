@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 
 from analyses.findings.figures import ROOT, draw_all
-from analyses.findings.page import render_page
+from analyses.findings.page import PageError, render_page
+from models.safe_files import RunFolderError, read_regular
 
 PAGE = ROOT / "analyses" / "RESULTS.md"
 FIGURES_DIR = Path(__file__).resolve().parent / "figures"
+PAGE_LIMIT = 16 << 20  # bytes of markdown; RESULTS.md is about 40 kB
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,11 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page", type=Path, default=PAGE, help="the markdown page to render (default: %(default)s)")
     args = parser.parse_args(argv)
     figures = draw_all(args.figures)
+    try:
+        markdown = read_regular(args.page, PAGE_LIMIT).decode()
+        html = render_page(markdown, args.page.resolve().parent, {p.name: p for p in figures}, "Findings",
+                           page_folder=args.out)
+    except (PageError, RunFolderError, UnicodeDecodeError) as err:
+        print(f"python -m analyses.findings: {args.page}: {err}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     page = args.out / "findings.html"
-    markdown = args.page.read_text()
-    page.write_text(render_page(markdown, args.page.resolve().parent, {p.name: p for p in figures}, "Findings",
-                                page_folder=args.out))
+    page.write_text(html)
     for path in [*figures, page]:
         print(f"wrote {path} ({path.stat().st_size:,} bytes)")
     return 0

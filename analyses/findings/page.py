@@ -2,7 +2,9 @@
 paragraphs, bullet lists, tables, fenced code, links, images, bold, italics, inline code). Images
 are embedded as base64 data URIs; links to repository files become links relative to the folder
 the page is written to, so the page opens offline, needs no server, and its links work in any
-checkout it is written into (and on a web host serving the repository)."""
+checkout it is written into (and on a web host serving the repository). What the page may hold is
+bounded here: links go to http(s), a relative file or an #anchor, images are the page's own
+figures, and a code fence closes; anything else is a PageError naming it."""
 
 from __future__ import annotations
 
@@ -14,9 +16,14 @@ import re
 from pathlib import Path
 from urllib.parse import quote
 
+from models.safe_files import read_regular
+
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$")
 IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```")
+SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
+WEB = re.compile(r"^https?://", re.IGNORECASE)
+IMAGE_LIMIT = 16 << 20  # bytes of one embedded figure; the committed ones are under 150 kB
 BULLET = re.compile(r"^\s*[-*] ")
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}
@@ -49,20 +56,28 @@ def inline(text: str, base: Path, images: dict[str, Path], up: str) -> str:
     return re.sub(r"\0(\d+)\0", lambda m: kept[int(m.group(1))], text)
 
 
+class PageError(ValueError):
+    """Markdown the page renderer refuses: a link or image it does not take, a fence never closed."""
+
+
 def href(target: str, up: str) -> str:
-    """An in-page anchor or a web address stays; a repository file becomes a link relative to the
-    page's folder (`up`: the markdown's folder as seen from there)."""
-    if target.startswith("#") or re.match(r"^[a-z]+:", target):
+    """An in-page anchor or an http(s) address stays; a repository file becomes a link relative to
+    the page's folder (`up`: the markdown's folder as seen from there); any other scheme
+    (javascript:, data:, ...) is a PageError."""
+    if target.startswith("#") or WEB.match(target):
         return target
+    if SCHEME.match(target):
+        raise PageError(f"the link {target!r} is neither http(s), a relative file nor an #anchor")
     path, _, anchor = target.partition("#")
     return quote(posixpath.normpath(posixpath.join(up, path))) + (f"#{anchor}" if anchor else "")
 
 
 def image_tag(alt: str, target: str, base: Path, images: dict[str, Path]) -> str:
-    """An <img> whose source is the PNG itself, base64: a freshly drawn one if `images` has its
-    name, else the file the page names."""
-    path = images.get(Path(target).name, base / target)
-    data = base64.b64encode(path.read_bytes()).decode()
+    """An <img> whose source is the PNG itself, base64: one of the page's own figures (`images`,
+    by name), a regular file of at most IMAGE_LIMIT bytes; any other image is a PageError."""
+    if Path(target).name not in images:
+        raise PageError(f"the image {target!r} is not one of the page's figures ({', '.join(sorted(images))})")
+    data = base64.b64encode(read_regular(images[Path(target).name], IMAGE_LIMIT)).decode()
     return f'<img alt="{html.escape(alt, quote=True)}" src="data:image/png;base64,{data}">'
 
 
@@ -84,7 +99,9 @@ def blocks(lines: list[str]) -> list[tuple[str, list[str]]]:
         if not line.strip() or line.startswith("<!--"):
             i += 1
         elif line.startswith("```"):
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), None)
+            if end is None:
+                raise PageError(f"line {i + 1} opens a code block (```) that is never closed")
             found.append(("code", lines[i + 1:end]))
             i = end + 1
         elif HEADING.match(line):
@@ -104,7 +121,8 @@ def blocks(lines: list[str]) -> list[tuple[str, list[str]]]:
 
 def render_page(markdown: str, base: Path, images: dict[str, Path], title: str, page_folder: Path) -> str:
     """The page as HTML; `base` is the folder the markdown's relative links and images are
-    relative to, `page_folder` the one the HTML is written to (its links are relative to it)."""
+    relative to, `page_folder` the one the HTML is written to (its links are relative to it),
+    `images` its figures by name. PageError where the markdown holds what the page does not take."""
     up = Path(os.path.relpath(Path(base).resolve(), Path(page_folder).resolve())).as_posix()
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{STYLE}</style></head><body>"]

@@ -60,9 +60,12 @@ def train_ensembles(jobs: dict[str, tuple[dict, str]], mode: str, record: Callab
 
 def _train_group(group: dict[str, tuple[RunConfig, Path]], progress: bool) -> list[Any]:
     """One group: each cell checked as `train_cell` checks it (finished, diverged and refused
-    cells are recorded without training), the rest trained together."""
+    cells are recorded without training), the rest trained together. A partial cell's folder is
+    checked as its restore will check it (`RunFolder.resume_point`), and every folder for links,
+    before the group is built, so that a damaged one leaves the group with its own error and the
+    others train on."""
     from analyses.runners.sweep import CellResult, settled_cell
-    from models.runs import RunFolderError, read_metrics
+    from models.runs import RunFolder, RunFolderError, read_metrics
     from models.train import Trainer, TrainingDiverged, train_runs
 
     results, members, names = [], [], []
@@ -72,7 +75,12 @@ def _train_group(group: dict[str, tuple[RunConfig, Path]], progress: bool) -> li
             if settled is not None:
                 results.append(settled)
                 continue
-            members.append(Trainer(cfg, path, resume=state == "partial", progress=False))
+            folder = RunFolder(path)
+            if path.is_dir():  # what the members' locks check, checked per member
+                folder.check_no_folder_links()
+            if state == "partial":
+                folder.resume_point(cfg.train.steps, cfg.train.eval_every)
+            members.append(Trainer(cfg, folder, resume=state == "partial", progress=False))
             names.append(name)
         except (RunFolderError, ConfigError) as err:
             results.append(CellResult(name, "failed", error=str(err), refused=isinstance(err, RunFolderError)))

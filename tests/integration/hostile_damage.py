@@ -118,6 +118,11 @@ def _special_damage(path: Path, kind: str) -> bool:
 def damage(path: Path, kind: str, outside: Path) -> None:
     if _special_damage(path, kind):
         return
+    if kind == "symlink-folder":  # the folder moved beside the user's files, a link to it in its place
+        target = outside / f"{path.name}.other-run"
+        path.rename(target)
+        path.symlink_to(target, target_is_directory=True)
+        return
     data = path.read_bytes()
     if kind == "deleted":
         path.unlink()
@@ -153,6 +158,9 @@ def damage(path: Path, kind: str, outside: Path) -> None:
         path.write_text(text[:start] + "1" * 5000 + text[end:])
     elif kind == "float-overflow":  # train.lr as an integer too large for a double
         path.write_text(re.sub(r'"lr": [^,\n]+', '"lr": 1' + "0" * 400, data.decode(), count=1))
+    elif kind == "no-train-loss":  # records without the metric (a hand-edited or foreign file)
+        records = [json.loads(line) for line in data.decode().splitlines()]
+        path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "train_loss"}) + "\n" for r in records))
     elif kind == "deep":
         if path.name == METRICS:  # the first line; a damaged last line alone would be dropped
             lines = data.decode().splitlines()

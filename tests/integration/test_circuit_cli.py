@@ -63,3 +63,37 @@ def test_analyze_bootstrap_stores_the_spread_and_the_report_shows_the_stable_cor
     assert set(spread["stable"]["nodes"]) <= set(spread["node_share"])
     page = (run / "report.html").read_text()
     assert "Stable core" in page and f"resamples of the {n_pairs} pairs" in page
+
+
+def _unmeasured(monkeypatch):
+    """Measuring a circuit fails the test: a bad --out is refused before it."""
+    import interp.circuit_compare
+
+    def measure(*args, **kwargs):
+        raise AssertionError("the circuit was measured before --out was checked")
+
+    monkeypatch.setattr(interp.circuit_compare, "measure_run_circuit", measure)
+
+
+def test_export_to_an_existing_file_or_a_link_to_one_is_exit_2_before_the_measurement(tmp_path, capsys, monkeypatch):
+    _unmeasured(monkeypatch)
+    mine = tmp_path / "mine.txt"
+    mine.write_text("keep")
+    (tmp_path / "link").symlink_to(mine)
+    for out in (mine, tmp_path / "link"):
+        assert main(["circuit-export", str(COMPOSITE), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"--out {out} is a file" in err, err
+    assert mine.read_text() == "keep"
+
+
+def test_compare_writes_into_a_new_folder_and_refuses_a_folder_as_its_file(tmp_path, capsys, monkeypatch):
+    cfg = {"n_layers": 2, "n_heads": 1, "parallel_attn_mlp": False, "d_model": 8}
+    circuit = write_mib(tmp_path / "circuit.json", mib_file(cfg, ["L1H0"], [], {}, None))
+    out = tmp_path / "new" / "folder" / "comparison.json"
+    assert main(["circuit-compare", str(circuit), str(circuit), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["a"] == str(circuit)
+    _unmeasured(monkeypatch)
+    capsys.readouterr()
+    assert main(["circuit-compare", str(COMPOSITE), str(circuit), "--out", str(tmp_path / "new")]) == 2
+    assert "--out" in capsys.readouterr().err

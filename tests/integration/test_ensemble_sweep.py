@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from analyses.cli import main
 from analyses.runners.ensemble import ensembles
 from analyses.runners.sweep import run_cells
 from models.presets import get_preset
-from models.runs import verified_weights
+from models.runs import TRAIN_STATE, verified_weights
 from tests.helpers import tiny_composite_run
 
 
@@ -62,3 +63,50 @@ def test_the_ensemble_benchmark_prints_each_way_and_a_ratio_per_shape(capsys):
     for line in lines:
         assert "lone eager" in line and "of peak" in line and "ensemble / lone:" in line
         assert ("lone compiled" in line and "ensemble compiled" in line) or "ensemble eager" in line
+
+
+class _Killed(Exception):
+    pass
+
+
+def _killed_at_step_15(cfg, path) -> None:
+    """A cell trained to step 15 and killed: train state of step 10, metrics to step 15."""
+    from models.train import Trainer
+
+    trainer = Trainer(cfg, path, progress=False)
+    step = trainer._next_batch
+
+    def dying():
+        if trainer.step == 15:
+            raise _Killed
+        return step()
+
+    trainer._next_batch = dying
+    with pytest.raises(_Killed):
+        trainer.fit()
+
+
+@pytest.mark.parametrize("damaged_file", [TRAIN_STATE, "snapshots"])
+def test_a_damaged_member_leaves_its_group_with_its_own_error_and_the_others_train_on(tmp_path, damaged_file):
+    """Two partial cells of one shape, one with a damaged train state (or a snapshots/ that links
+    to another folder), resumed with --ensemble on: the healthy one finishes, the damaged one is
+    failed naming its own file."""
+    from tests.integration.hostile_damage import damage
+
+    base = tiny_composite_run(steps=20, device="cpu", snapshots=0)
+    grid = {f"s{seed}": base.with_overrides([f"train.seed={seed}"]) for seed in (0, 1)}
+    for name, cfg in grid.items():
+        _killed_at_step_15(cfg, tmp_path / name)
+    damaged = tmp_path / "s1" / damaged_file
+    if damaged_file == TRAIN_STATE:
+        damage(damaged, "flip-weights", tmp_path)
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        damaged.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    results = run_cells(grid, tmp_path, progress=False, ensemble="on")
+    assert results["s0"].status == "done", results["s0"].error
+    assert results["s1"].status == "failed" and str(damaged) in results["s1"].error
+    assert str(tmp_path / "s0") not in results["s1"].error
+    verified_weights(tmp_path / "s0")
+    if damaged_file != TRAIN_STATE:
+        assert not list((tmp_path / "elsewhere").iterdir())  # nothing written through the link

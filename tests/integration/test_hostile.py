@@ -80,6 +80,7 @@ SWEEP_CELL = "seed=0"  # the one cell of `--grid train.seed=0`, the base run's o
 SAFETENSORS_DAMAGE = ["deleted", "truncated", "flip-data", "flip-header", "symlink", "directory"]
 JSON_DAMAGE = ["deleted", "truncated", "bitflip", "symlink", "directory", "dup-key", "deep"]
 READ_ONLY_COMMANDS = {"analyze", "timeline", "report", "zoo", "benchmark"}
+SNAPSHOTS = "snapshots"
 SNAPSHOT_INDEX, FIRST_SNAPSHOT = "snapshots/index.json", "snapshots/step-0000000.safetensors"  # the base run keeps both
 # issue 43: special files, sizes beyond a kind's limit, numbers beyond a value's, a killed writer's temp files
 SPECIAL_FILES = ["fifo", "devzero", "socket"]
@@ -208,6 +209,11 @@ ROWS += [Row(command, "", "long-name", 2, ("255 bytes",)) for command in [*ALL_C
 ROWS += [Row("timeline", SNAPSHOT_INDEX, kind, 2, ("{folder}",) if kind == "deleted" else ("{file}",))
          for kind in [*JSON_DAMAGE, "fifo", "devzero", "huge"]]
 ROWS += [Row("timeline", FIRST_SNAPSHOT, kind, 2, ("{file}",)) for kind in [*SAFETENSORS_DAMAGE, "fifo", "devzero"]]
+# issue 54: a metric a record lacks is missing, not a crash; a subfolder that is a link to another
+# run's (its snapshots/) is refused by every trainer
+ROWS += [Row(command, METRICS, "no-train-loss", 0, ()) for command in ("analyze", "report")]
+ROWS += [Row(command, SNAPSHOTS, "symlink-folder", 2, ("{file}", "symbolic link"))
+         for command in ("resume", "resume-partial")]
 ROWS += [Row("train", f".{CONFIG}.{DEAD_PID}.0badf00d.tmp", "temp-only", 0, ()),  # a train killed writing its config
          Row("analyze", WEIGHTS, "nan", 0, ()), Row("report", WEIGHTS, "nan", 0, ())]
 

@@ -35,7 +35,10 @@ def test_overrides_parse_values_and_keep_types():
      # numbers too long to parse, or too large for a double or for 64 bits (issue 43)
      (f"train.steps={'1' * 5000}", "--set train.steps=1111111111...1111111111 is a number of 5,000 characters"),
      (f"train.lr=1{'0' * 400}", "train.lr=1000000000...0000000000 is too large"),
-     (f"train.steps={2**63}", "train.steps=9223372036854775808 is too large")],
+     (f"train.steps={2**63}", "train.steps=9223372036854775808 is too large"),
+     # sizes bounded before anything is allocated from them (issue 54: 1e9 snapshots took 3 GB)
+     ("train.snapshots=1000000000", "snapshots=1000000000.*<= 10,000"),
+     ("train.snapshots=10001", "snapshots=10001.*<= 10,000")],
 )
 def test_bad_values_are_rejected_naming_the_value(assignment, message):
     with pytest.raises(ConfigError, match=message):

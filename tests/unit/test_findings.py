@@ -88,3 +88,49 @@ def test_every_data_file_names_a_lab_section_that_exists(data_file):
         headings = [line.lstrip("#").strip() for line in (ROOT / lab_file).read_text().splitlines()
                     if line.startswith("#")]
         assert title in headings, f"{data_file}: {lab_file} has no section {title!r}"
+
+
+@pytest.mark.parametrize("markdown, words", [
+    ("[x](javascript:alert(1))", "'javascript:alert(1'"),
+    ("[x](JavaScript:alert(1))", "'JavaScript:alert(1'"),
+    ("[x](data:text/html,hi)", "'data:text/html,hi'"),
+    ("![x](/etc/hostname)", "'/etc/hostname'"),
+    ("![x](/dev/zero)", "'/dev/zero'"),
+    ("![x](findings/figures/../../../../etc/passwd)", "passwd"),
+    ("text\n\n```python\nprint(1)\n", "line 3"),
+])
+def test_what_the_page_does_not_take_is_a_page_error(tmp_path, markdown, words):
+    """Links only to http(s), relative files or anchors; images only the page's own figures; a code
+    fence that never closes is an error, not a StopIteration traceback."""
+    from analyses.findings.page import PageError, render_page
+
+    figure = tmp_path / "fig.png"
+    figure.write_bytes(PNG_SIGNATURE)
+    with pytest.raises(PageError, match=re.escape(words)):
+        render_page(markdown, ROOT / "analyses", {"fig.png": figure}, "t")
+
+
+def test_a_figure_that_is_no_regular_file_is_refused(tmp_path):
+    from analyses.findings.page import render_page
+    from models.safe_files import RunFolderError
+
+    with pytest.raises(RunFolderError, match="/dev/zero"):
+        render_page("![x](figures/zero)", ROOT, {"zero": Path("/dev/zero")}, "t")
+
+
+def test_links_to_the_web_files_and_anchors_stay_live():
+    from analyses.findings.page import render_page
+
+    text = render_page("[a](https://x.org/p) [b](#top) [c](lab/notes.md) [d](http://y.org)", ROOT, {}, "t")
+    assert 'href="https://x.org/p"' in text and 'href="#top"' in text and 'href="http://y.org"' in text
+    assert f'href="{(ROOT / "lab" / "notes.md").as_uri()}"' in text
+
+
+def test_a_page_the_renderer_refuses_is_exit_2_naming_the_file_and_nothing_is_written(tmp_path, capsys):
+    page = tmp_path / "page.md"
+    page.write_text("text\n\n```python\nprint(1)\n")
+    out = tmp_path / "out"
+    assert main(["--figures", str(tmp_path / "fig"), "--out", str(out), "--page", str(page)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{page}: line 3 opens a code block" in err, err
+    assert not out.exists()

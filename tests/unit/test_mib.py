@@ -14,6 +14,7 @@ from interp.mib import (
     check_mib,
     mib_circuit,
     mib_edge,
+    mib_edge_count,
     mib_file,
     mib_graph,
     our_edge,
@@ -143,3 +144,32 @@ def test_a_found_circuit_round_trips_through_mib_files(tmp_path):
     assert back["scores"] == found.edge_scores
     assert {name: node["score"] for name, node in read_mib(tmp_path / "circuit.json")["nodes"].items()
             if "score" in node} == {f"a{h[1]}.h{h[3]}": v for h, v in found.head_scores.items()}
+
+
+@pytest.mark.parametrize("cfg, words", [
+    ({"n_layers": 1_000_000, "n_heads": 1, "parallel_attn_mlp": False, "d_model": 8}, "n_layers=1000000"),
+    ({"n_layers": 2, "n_heads": 10**9, "parallel_attn_mlp": False, "d_model": 8}, "n_heads=1000000000"),
+    ({"n_layers": 1024, "n_heads": 1024, "parallel_attn_mlp": False, "d_model": 8}, "edges"),
+])
+def test_a_cfg_too_large_for_a_graph_is_refused_before_the_graph_is_built(tmp_path, cfg, words):
+    """A 115-byte file whose cfg asks for a million layers took circuit-compare past 3 GB."""
+    path = tmp_path / "circuit.json"
+    path.write_text(json.dumps({"cfg": cfg, "nodes": {}, "edges": {}}))
+    with pytest.raises(ValueError, match=words) as caught:
+        read_mib(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_mib_file_beyond_64_mib_is_refused_unread(tmp_path):
+    from models.safe_files import RunFolderError
+
+    path = tmp_path / "circuit.json"
+    with open(path, "wb") as f:  # sparse: no disk space
+        f.truncate((64 << 20) + 1)
+    with pytest.raises(RunFolderError, match="circuit.json"):
+        read_mib(path)
+
+
+def test_the_edge_count_is_the_graphs():
+    for n_layers, n_heads, parallel in [(1, 1, False), (3, 2, False), (4, 4, True), (2, 5, True)]:
+        assert mib_edge_count(n_layers, n_heads, parallel) == len(mib_graph(n_layers, n_heads, parallel)[1])

@@ -45,3 +45,15 @@ def test_the_grid_figure_has_one_panel_per_facet_point():
     axes = choose_axes(grid)
     page = {"grid": grid, "axes": axes, "groups": group_cells([], grid, axes)}
     assert axes["facets"] == ["a.z"] and len(grid_figure(page).axes) == 2
+
+
+def test_grid_values_reach_the_figures_as_text_not_mathtext():
+    """A grid value with `$` (`train.init_from=$x^$`) is drawn as written; matplotlib's mathtext
+    failed on it at the sweep's end and no page was written."""
+    from interp.sweep_page import page_html
+
+    grid = {"train.init_from": ["$x^$", "b"], "train.lr": ["$\\frac$", 1], "train.seed": [0]}
+    axes = choose_axes(grid)
+    page = {"sweep": "s", "task": "composite", "preset": "p", "finished": True, "grid": grid, "axes": axes,
+            "counts": {}, "groups": group_cells([], grid, axes), "cells": {}, "damaged": [], "notes": []}
+    assert "<img" in page_html(page)
