@@ -12,12 +12,8 @@ import re
 import shutil
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
-from torch import Tensor
 
 from models import runs
 from models.config import RunConfig
@@ -31,13 +27,12 @@ from models.runs import (
     STATES,
     TRAIN_STATE,
     Checkpoint,
-    Progress,
+    Moment,
     WeightsMismatch,
     WeightsStamp,
     read_config,
     read_metrics,
     verified_weights,
-    weights_digest,
     write_config,
 )
 from models.safe_files import LOCK, RunFolderError, append_line, atomic_write_bytes, is_own_temp, run_lock, save_tensors
@@ -49,29 +44,6 @@ _MOMENT = re.compile(r"step-(\d{8})\.safetensors")
 
 def moment_file(step: int) -> str:
     return f"step-{step:08d}.safetensors"
-
-
-@dataclass(frozen=True)
-class Moment:
-    """A run's whole training state at one step: where training stands, the weights, AdamW's
-    state by parameter index (as torch's AdamW numbers it) and the random generators' states."""
-
-    progress: Progress
-    weights: dict[str, Tensor]
-    optimizer: dict[int, dict[str, Any]]
-    generators: dict[str, Tensor]
-
-    def tensors(self) -> tuple[dict[str, Tensor], dict[str, str]]:
-        """The train state's tensors (model.*, optim.*, rng.*) and metadata."""
-        tensors = {f"model.{k}": v for k, v in self.weights.items()}
-        for index, state in self.optimizer.items():
-            tensors.update({f"optim.{index}.{k}": torch.as_tensor(v) for k, v in state.items()})
-        tensors.update({f"rng.{name}": state for name, state in self.generators.items()})
-        progress = self.progress
-        meta = {"step": str(progress.step), "digest": weights_digest(self.weights), "elapsed": repr(progress.elapsed),
-                "loss_sum": repr(progress.loss_sum), "loss_count": str(progress.loss_count),
-                "state_digest": weights_digest(tensors)}
-        return tensors, meta
 
 
 class RunFolder:

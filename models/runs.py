@@ -293,6 +293,29 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Moment:
+    """A run's whole training state at one step: where training stands, the weights, AdamW's
+    state by parameter index (as torch's AdamW numbers it) and the random generators' states."""
+
+    progress: Progress
+    weights: dict[str, Tensor]
+    optimizer: dict[int, dict[str, Any]]
+    generators: dict[str, Tensor]
+
+    def tensors(self) -> tuple[dict[str, Tensor], dict[str, str]]:
+        """The train state's tensors (model.*, optim.*, rng.*) and metadata."""
+        tensors = {f"model.{k}": v for k, v in self.weights.items()}
+        for index, state in self.optimizer.items():
+            tensors.update({f"optim.{index}.{k}": torch.as_tensor(v) for k, v in state.items()})
+        tensors.update({f"rng.{name}": state for name, state in self.generators.items()})
+        progress = self.progress
+        meta = {"step": str(progress.step), "digest": weights_digest(self.weights), "elapsed": repr(progress.elapsed),
+                "loss_sum": repr(progress.loss_sum), "loss_count": str(progress.loss_count),
+                "state_digest": weights_digest(tensors)}
+        return tensors, meta
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """A train state as read by `read_train_state` (every field present and parsed, the weights
     matching their digest): the model's weights (model.<name>), AdamW's moments per parameter
