@@ -107,7 +107,7 @@ def test_what_the_page_does_not_take_is_a_page_error(tmp_path, markdown, words):
     figure = tmp_path / "fig.png"
     figure.write_bytes(PNG_SIGNATURE)
     with pytest.raises(PageError, match=re.escape(words)):
-        render_page(markdown, ROOT / "analyses", {"fig.png": figure}, "t")
+        render_page(markdown, ROOT / "analyses", {"fig.png": figure}, "t", ROOT)
 
 
 def test_a_figure_that_is_no_regular_file_is_refused(tmp_path):
@@ -115,15 +115,15 @@ def test_a_figure_that_is_no_regular_file_is_refused(tmp_path):
     from models.safe_files import RunFolderError
 
     with pytest.raises(RunFolderError, match="/dev/zero"):
-        render_page("![x](figures/zero)", ROOT, {"zero": Path("/dev/zero")}, "t")
+        render_page("![x](figures/zero)", ROOT, {"zero": Path("/dev/zero")}, "t", ROOT)
 
 
 def test_links_to_the_web_files_and_anchors_stay_live():
     from analyses.findings.page import render_page
 
-    text = render_page("[a](https://x.org/p) [b](#top) [c](lab/notes.md) [d](http://y.org)", ROOT, {}, "t")
+    text = render_page("[a](https://x.org/p) [b](#top) [c](lab/notes.md) [d](http://y.org)", ROOT, {}, "t", ROOT)
     assert 'href="https://x.org/p"' in text and 'href="#top"' in text and 'href="http://y.org"' in text
-    assert f'href="{(ROOT / "lab" / "notes.md").as_uri()}"' in text
+    assert 'href="lab/notes.md"' in text  # relative to the page's folder (here the markdown's own)
 
 
 def test_a_page_the_renderer_refuses_is_exit_2_naming_the_file_and_nothing_is_written(tmp_path, capsys):
