@@ -41,10 +41,9 @@ class Killed(Exception):
     """Stands for a kill in the middle of training."""
 
 
-def kill_then_resume(cfg: RunConfig, run_dir, monkeypatch, at_step: int = 15) -> None:
-    """Train `cfg` into `run_dir`, die before step `at_step + 1`, then resume to the end. Checks
-    that the resumed run starts at the last checkpoint, not at step 0 (which, with the same
-    seed, would end with the same weights too)."""
+def kill_at(cfg: RunConfig, run_dir, at_step: int = 15) -> None:
+    """Train `cfg` into `run_dir` and die before step `at_step + 1` (a run cut short: its last
+    checkpoint, and metrics up to `at_step`)."""
     import pytest
 
     from models.train import Trainer
@@ -57,9 +56,18 @@ def kill_then_resume(cfg: RunConfig, run_dir, monkeypatch, at_step: int = 15) ->
             raise Killed
         return original()
 
-    monkeypatch.setattr(killed, "_next_batch", dying_step)
+    killed._next_batch = dying_step
     with pytest.raises(Killed):
         killed.fit()
+
+
+def kill_then_resume(cfg: RunConfig, run_dir, monkeypatch, at_step: int = 15) -> None:
+    """Train `cfg` into `run_dir`, die before step `at_step + 1`, then resume to the end. Checks
+    that the resumed run starts at the last checkpoint, not at step 0 (which, with the same
+    seed, would end with the same weights too)."""
+    from models.train import Trainer
+
+    kill_at(cfg, run_dir, at_step)
     resumed = Trainer(cfg, run_dir, resume=True, progress=False)
     steps_run = []
     resumed_step = resumed._next_batch

@@ -13,7 +13,7 @@ from analyses.runners.ensemble import ensembles
 from analyses.runners.sweep import run_cells
 from models.presets import get_preset
 from models.runs import TRAIN_STATE, verified_weights
-from tests.helpers import tiny_composite_run
+from tests.helpers import kill_at, tiny_composite_run
 
 
 def cells():
@@ -65,27 +65,6 @@ def test_the_ensemble_benchmark_prints_each_way_and_a_ratio_per_shape(capsys):
         assert ("lone compiled" in line and "ensemble compiled" in line) or "ensemble eager" in line
 
 
-class _Killed(Exception):
-    pass
-
-
-def _killed_at_step_15(cfg, path) -> None:
-    """A cell trained to step 15 and killed: train state of step 10, metrics to step 15."""
-    from models.train import Trainer
-
-    trainer = Trainer(cfg, path, progress=False)
-    step = trainer._next_batch
-
-    def dying():
-        if trainer.step == 15:
-            raise _Killed
-        return step()
-
-    trainer._next_batch = dying
-    with pytest.raises(_Killed):
-        trainer.fit()
-
-
 @pytest.mark.parametrize("damaged_file", [TRAIN_STATE, "snapshots"])
 def test_a_damaged_member_leaves_its_group_with_its_own_error_and_the_others_train_on(tmp_path, damaged_file):
     """Two partial cells of one shape, one with a damaged train state (or a snapshots/ that links
@@ -96,7 +75,7 @@ def test_a_damaged_member_leaves_its_group_with_its_own_error_and_the_others_tra
     base = tiny_composite_run(steps=20, device="cpu", snapshots=0)
     grid = {f"s{seed}": base.with_overrides([f"train.seed={seed}"]) for seed in (0, 1)}
     for name, cfg in grid.items():
-        _killed_at_step_15(cfg, tmp_path / name)
+        kill_at(cfg, tmp_path / name)  # train state of step 10, metrics to 15
     damaged = tmp_path / "s1" / damaged_file
     if damaged_file == TRAIN_STATE:
         damage(damaged, "flip-weights", tmp_path)

@@ -57,8 +57,7 @@ from models.runs import (
     verified_weights,
 )
 from models.safe_files import is_own_temp
-from models.train import Trainer
-from tests.helpers import no_hang
+from tests.helpers import kill_at, no_hang
 from tests.integration.hostile_damage import (
     DEAD_PID,
     NOTES,
@@ -249,25 +248,11 @@ def base_run(tmp_path_factory) -> Path:
     return out
 
 
-class _Killed(Exception):
-    pass
-
-
 @pytest.fixture(scope="module")
 def partial_run(tmp_path_factory, base_run) -> Path:
     """The base run's config killed in step 16: train state of step 10, metrics to step 15."""
     out = tmp_path_factory.mktemp("partial") / "run"
-    trainer = Trainer(read_config(base_run), out, progress=False)
-    step = trainer._next_batch
-
-    def dying():
-        if trainer.step == 15:
-            raise _Killed
-        return step()
-
-    trainer._next_batch = dying
-    with pytest.raises(_Killed):
-        trainer.fit()
+    kill_at(read_config(base_run), out, 15)
     return out
 
 
