@@ -55,15 +55,27 @@ class ForwardAtDepth(nn.Module):
 
 
 @no_type_check
-def masked_cross_entropy(logits: Tensor, label_pos: Tensor, labels: Tensor, weights: Tensor) -> Tensor:
+def masked_cross_entropy(logits: Tensor, label_pos: Tensor, labels: Tensor, weights: Tensor,
+                         softmax: str = "standard") -> Tensor:
     """Mean cross-entropy over the supervised labels (weights 1, the rest 0) of one member's
     batch: logits [B, T, V], label_pos / labels / weights [B, L]. The mask is a weight, not a
     boolean index, so the shapes never depend on the data."""
     picked = logits.gather(1, label_pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # B L V
     safe = torch.where(weights > 0, labels, torch.zeros_like(labels))  # unsupervised slots may hold -1
-    ce = F.cross_entropy(picked.flatten(0, 1), safe.flatten(), reduction="none")
+    ce = label_losses(picked.flatten(0, 1), safe.flatten(), softmax)
     w = weights.flatten()
     return (ce * w).sum() / w.sum()
+
+
+@no_type_check
+def label_losses(picked: Tensor, labels: Tensor, softmax: str = "standard") -> Tensor:
+    """The cross-entropy of each label, in `picked`'s dtype: picked [N, V] logits, labels [N].
+    softmax "stablemax" (train.softmax) normalises s(x) = x + 1 (x >= 0), 1 / (1 - x) (x < 0)
+    in place of exp(x)."""
+    if softmax == "standard":
+        return F.cross_entropy(picked, labels, reduction="none")
+    s = torch.where(picked >= 0, picked.clamp(min=0) + 1, 1 / (1 - picked.clamp(max=0)))
+    return s.sum(-1).log() - s.gather(-1, labels.unsqueeze(-1)).squeeze(-1).log()
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,7 @@ class StepOptions:
     bf16: bool
     device_type: str
     adam: tuple[float, float] = (0.999, 1e-8)  # AdamW's beta2 and eps
-    loss_float64: bool = False  # the loss's softmax and cross-entropy in float64
+    loss: tuple[str, str] = ("float32", "standard")  # the training loss's dtype and softmax
 
 
 @no_type_check
@@ -93,11 +105,21 @@ def train_step(module: ForwardAtDepth, params: dict[str, Tensor], constants: dic
         with torch.autocast(options.device_type, dtype=torch.bfloat16, enabled=options.bf16):
             weights_ = {**{f"model.{n}": t for n, t in own.items()}, **constants}
             logits = functional_call(module, weights_, (tokens,), {"depth": options.depth})
-        return masked_cross_entropy(logits.double() if options.loss_float64 else logits.float(), label_pos,
-                                    labels, weights)
+        dtype, softmax = options.loss
+        return masked_cross_entropy(logits.double() if dtype == "float64" else logits.float(), label_pos,
+                                    labels, weights, softmax)
 
     step = grad_and_value(member_loss)
-    if options.members == 1:  # the lone run's kernels exactly (vmap would batch its matmuls)
+    if options.members == 1 and not torch.compiler.is_compiling():
+        # eager, lone: plain autograd, as loss.backward() does it (torch.func's wrapped tensors
+        # cost a tiny model's eager step about a third more); the same kernels, the same numbers
+        own = {n: p[0].detach().requires_grad_() for n, p in params.items()}
+        with torch.enable_grad():
+            loss = member_loss(own, tokens[0], label_pos[0], labels[0], weights[0])
+            found = torch.autograd.grad(loss, list(own.values()), allow_unused=True)  # None: a skipped block
+        grads = {n: g if g is not None else torch.zeros_like(own[n]) for n, g in zip(own, found)}
+        grads, losses = {n: g.unsqueeze(0) for n, g in grads.items()}, loss.detach().unsqueeze(0)
+    elif options.members == 1:  # the lone run's kernels exactly (vmap would batch its matmuls)
         grads, loss = step({n: p[0] for n, p in params.items()}, tokens[0], label_pos[0], labels[0], weights[0])
         grads, losses = {n: g.unsqueeze(0) for n, g in grads.items()}, loss.unsqueeze(0)
     else:
@@ -143,17 +165,23 @@ def adamw(params: dict[str, Tensor], grads: dict[str, Tensor], exp_avg: dict[str
             grad = grads[name]
             column = hyper[:, p_index].reshape(len(HYPER_ROWS), -1, *[1] * (p.dim() - 1))  # 4 K 1 ...
             decay, neg_step_size, bias_correction2_sqrt, update = column
+            if not masked:  # in place: the same arithmetic, fewer tensors made in an eager step
+                p.mul_(decay)
+                exp_avg[name].lerp_(grad, 1 - beta1)
+                exp_avg_sq[name].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                denom = (exp_avg_sq[name].sqrt() / bias_correction2_sqrt).add_(eps)
+                p.add_(neg_step_size * exp_avg[name] / denom)
+                continue
             new_p = p * decay
             new_avg = torch.lerp(exp_avg[name], grad, 1 - beta1)
             new_avg_sq = torch.addcmul(exp_avg_sq[name] * beta2, grad, grad, value=1 - beta2)
             denom = (new_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
             # torch's addcdiv_(exp_avg, denom, value=-step_size): self + (value * t1) / t2
             new_p = new_p + neg_step_size * new_avg / denom
-            if masked:
-                keep = update == 0
-                new_p = torch.where(keep, p, new_p)
-                new_avg = torch.where(keep, exp_avg[name], new_avg)
-                new_avg_sq = torch.where(keep, exp_avg_sq[name], new_avg_sq)
+            keep = update == 0
+            new_p = torch.where(keep, p, new_p)
+            new_avg = torch.where(keep, exp_avg[name], new_avg)
+            new_avg_sq = torch.where(keep, exp_avg_sq[name], new_avg_sq)
             p.copy_(new_p)
             exp_avg[name].copy_(new_avg)
             exp_avg_sq[name].copy_(new_avg_sq)
@@ -211,9 +239,9 @@ class Stack:
     frozen: it stays in the stack, its weights and moments unchanged, so nothing recompiles."""
 
     def __init__(self, members: list[Member], *, compile: bool, precision: str, device: torch.device,
-                 adam: tuple[float, float] = (0.999, 1e-8), loss_float64: bool = False):
+                 adam: tuple[float, float] = (0.999, 1e-8), loss: tuple[str, str] = ("float32", "standard")):
         self.members, self.device, self.compile = members, device, compile
-        self.adam, self.loss_float64 = adam, loss_float64  # shared by the members (models/ensemble.py)
+        self.adam, self.loss = adam, loss  # shared by the members (models/ensemble.py)
         self.module = ForwardAtDepth(members[0].model)
         own = [dict(m.model.named_parameters()) for m in members]
         self.names = [n for n, p in own[0].items() if p.requires_grad]
@@ -266,7 +294,7 @@ class Stack:
         self.last = [b if b is not None else old for b, old in zip(batches, self.last or batches)]
         hyper, masked = self._hyper(lrs, depth)
         options = StepOptions(self.size, depth, masked, self.precision == "bf16", self.device.type, self.adam,
-                              self.loss_float64)
+                              self.loss)
         inputs = stack_batches(self.last)
         if self.compile and self.device.type == "cuda":
             return self._replay(options, inputs, hyper)
