@@ -22,6 +22,8 @@ POSITIONALS = ("standard", "rotary")
 NORM_POSITIONS = ("pre", "post")
 UNEMBED_BIAS_INITS = ("zero", "uniform")
 WEIGHT_DECAY_ON = ("matrices", "all")
+SOFTMAXES = ("standard", "stablemax")
+SAMPLINGS = ("replacement", "epochs")
 MAX_SNAPSHOTS = 10_000  # a count or list of train.snapshots; 20 is the default, and each one is a weights file
 MAX_SEED = 2**62  # room for the trainer's seed offsets (seed + 3_000_003) within a 64-bit generator seed
 
@@ -135,8 +137,15 @@ class TrainConfig:
     weight_decay_on: "matrices" decays the weight matrices (W_*) only; "all" every trained
       parameter (biases, norms and embeddings included), as AdamW over model.parameters() in the
       composite paper's public code.
+    warmup_from: the warm-up's first learning rate. None: the warm-up climbs from lr/warmup_steps
+      at step 1; a number: from this lr at step 1 to `lr` at step warmup_steps + 1, linearly (the
+      composite group's GradualWarmupScheduler, stepped per batch).
     n_train: None draws fresh training data every step; a number fixes a training set of that
-      many samples, each batch drawn from it uniformly with replacement (not in epochs).
+      many samples, which `sampling` draws batches from.
+    sampling: how batches are drawn from the fixed training set: "replacement", each row
+      uniformly with replacement; "epochs", every row once per epoch in a shuffled order and the
+      last partial batch dropped (a DataLoader with shuffle=True, drop_last=True). An epoch's order
+      depends on the seed and the epoch only, so a resumed run draws what it would have drawn.
     mimic_steps: before step 0, this many steps of mimicking pre-training on random tokens
       (heads 0 and 1 of every layer imitate conv and same-token patterns; models/mimic.py).
     compile: run the whole training step (forward, loss, backward, clipping, AdamW) through
@@ -153,6 +162,10 @@ class TrainConfig:
     loss_dtype: "float32", or "float64" for the training loss's softmax and cross-entropy (the
       logits cast up first): below a mean loss of ~1e-7 most samples' float32 loss is exactly 0
       and their gradient too ("softmax collapse"); float64 keeps them.
+    softmax: "standard", or "stablemax" for the training loss's probabilities: s(x) = x + 1 for
+      x >= 0 and 1 / (1 - x) below, normalised (Prieto et al., ICLR 2025), which grows linearly,
+      not exponentially, so a confident answer's loss stays above the dtype's floor. Evaluation
+      and every analysis take the argmax, which StableMax does not change.
     identity_lr_scale: the identity-attention scalars a_h, b_h (model.identity_attention) train
       at this multiple of the learning rate; they start at 0 and a same-symbol logit gap of a
       few units needs a_h of order 1, hundreds of steps at Adam's lr 1e-3.
@@ -190,10 +203,12 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr: float = 1e-5
     warmup_steps: int = 100
+    warmup_from: float | None = None
     weight_decay: float = 0.01
     weight_decay_on: str = "matrices"
     grad_clip: float | None = 1.0
     n_train: int | None = None
+    sampling: str = "replacement"
     eval_every: int = 100
     eval_size: int = 2000
     checkpoint_every: int = 500
@@ -206,6 +221,7 @@ class TrainConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     loss_dtype: str = "float32"
+    softmax: str = "standard"
     identity_lr_scale: float = 1.0
     plateau_evals: int | None = None
     plateau_tol: float = 0.002
@@ -245,6 +261,15 @@ class TrainConfig:
                               "0 < adam_beta2 < 1 and adam_eps > 0")
         if self.loss_dtype not in ("float32", "float64"):
             raise ConfigError(f"train.loss_dtype={self.loss_dtype!r} is unknown; use 'float32' or 'float64'")
+        if self.softmax not in SOFTMAXES:
+            raise ConfigError(f"train.softmax={self.softmax!r} is unknown; use one of {SOFTMAXES}")
+        if self.sampling not in SAMPLINGS:
+            raise ConfigError(f"train.sampling={self.sampling!r} is unknown; use one of {SAMPLINGS}")
+        if self.sampling == "epochs" and self.n_train is None:
+            raise ConfigError("train.sampling='epochs' walks a fixed training set; set train.n_train too")
+        if self.warmup_from is not None and not 0 < self.warmup_from <= self.lr:
+            raise ConfigError(f"train.warmup_from={self.warmup_from} must be within (0, train.lr={self.lr}], "
+                              "or null")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision={self.precision!r} is unknown; use one of {PRECISIONS}")
         if not self.identity_lr_scale > 0:

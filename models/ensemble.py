@@ -16,7 +16,8 @@ from models.config import RunConfig
 INIT_ONLY = ("init_gamma", "unembed_bias_init")  # model settings that change the initial weights, not the shape
 # train settings one stacked step needs equal across members: the batch's shape, the device,
 # and what the compiled graph is specialised on
-SHARED_TRAIN = ("batch_size", "device", "compile", "precision", "tf32", "adam_beta2", "adam_eps", "loss_dtype")
+SHARED_TRAIN = ("batch_size", "device", "compile", "precision", "tf32", "adam_beta2", "adam_eps", "loss_dtype",
+                "softmax")
 
 
 def kept_apart(cfg: RunConfig) -> str | None:

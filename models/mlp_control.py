@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from models.config import RunConfig
 from models.device import check_precision, resolve_device, to_device, training_precision
 from models.factory import build_model
-from models.train import evaluation_batch, learning_rate, next_training_batch, training_set
+from models.train import Epochs, evaluation_batch, learning_rate, next_training_batch, training_set
 from tasks import Batch, ConfigError, Task, make_task, seeded_generator
 from tasks.base import UnpaddedTask
 
@@ -131,12 +131,13 @@ def train_mlp_control(cfg: RunConfig, hidden: int | None = None, n_hidden: int =
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train.weight_decay},
                                    {"params": rest, "weight_decay": 0.0}], lr=train.lr)
     data_gen, train_set = seeded_generator(train.seed), training_set(task, train)
+    epochs = Epochs(train_set, train.batch_size, train.seed) if train.sampling == "epochs" else None
     eval_batch = evaluation_batch(task, train)
     train_split = task.sample(train.eval_size, seeded_generator(train.seed + TRAIN_SPLIT_SEED_OFFSET), split="train")
     history: list[dict[str, Any]] = []
     loss_sum, loss_count, started = 0.0, 0, time.perf_counter()
     for step in range(train.steps):
-        batch = next_training_batch(task, train_set, train.batch_size, data_gen)
+        batch = epochs.batch(step) if epochs else next_training_batch(task, train_set, train.batch_size, data_gen)
         if record_batches is not None:
             record_batches.append(batch)
         batch = to_device(batch, device)

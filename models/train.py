@@ -50,6 +50,7 @@ IDENTITY_SCALARS = ("identity_a", "identity_b")  # models/identity_attention.py
 # seed offsets of a run's data, from train.seed: training batches use the seed itself
 EVAL_SEED_OFFSET = 1_000_003  # the evaluation batch (test split)
 TRAIN_SET_SEED_OFFSET = 2_000_003  # the fixed training set of train.n_train
+EPOCH_SEED_OFFSET = 5_000_011  # epoch e's order of that set (train.sampling="epochs") is seeded seed + this + e
 
 
 class TrainingDiverged(RuntimeError):
@@ -84,8 +85,11 @@ def fastest_cpu_options() -> dict[str, Any]:
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to `lr` over `warmup_steps`, then cosine decay to `min_lr` at `steps`."""
+    """The lr of the step after `step` steps: a linear warm-up to `lr` over `warmup_steps` (from
+    `warmup_from`, or from lr/warmup_steps), then cosine decay to `min_lr` at `steps`."""
     if step < cfg.warmup_steps:
+        if cfg.warmup_from is not None:
+            return cfg.warmup_from + (cfg.lr - cfg.warmup_from) * step / cfg.warmup_steps
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
@@ -136,6 +140,24 @@ def next_training_batch(task: Task, train_set: Batch | None, size: int, gen: tor
     return train_set.select(torch.randint(len(train_set), (size,), generator=gen))
 
 
+class Epochs:
+    """`train.sampling="epochs"`: the batch of step t is the (t mod E)-th slice of epoch t // E's
+    shuffled order of the fixed training set, E = n_train // batch_size (the last partial batch
+    dropped). An epoch's order comes from the seed and the epoch alone, so it needs no state."""
+
+    def __init__(self, train_set: Batch, batch_size: int, seed: int):
+        self.train_set, self.batch_size, self.seed = train_set, batch_size, seed
+        self.per_epoch = len(train_set) // batch_size
+        self._order: tuple[int, torch.Tensor] | None = None
+
+    def batch(self, step: int) -> Batch:
+        epoch, index = divmod(step, self.per_epoch)
+        if self._order is None or self._order[0] != epoch:
+            gen = seeded_generator(self.seed + EPOCH_SEED_OFFSET + epoch)
+            self._order = epoch, torch.randperm(len(self.train_set), generator=gen)
+        return self.train_set.select(self._order[1][index * self.batch_size:(index + 1) * self.batch_size])
+
+
 def train_runs(runs: list[Trainer], progress: bool = True, desc: str | None = None) -> list[Any]:
     """Train every run to its end, together: per run its TrainResult, or for a member of a larger
     ensemble the TrainingDiverged that ended it (a lone run raises it). Every run's folder is
@@ -166,7 +188,7 @@ def _loop(runs: list[Trainer], bar: tqdm) -> dict[int, TrainingDiverged]:
         train = active[0].cfg.train  # what the stacked step shares (models/ensemble.py, SHARED_TRAIN)
         stack = Stack([run.member() for run in active], compile=train.compile, precision=train.precision,
                       device=active[0].device, adam=(train.adam_beta2, train.adam_eps),
-                      loss_float64=train.loss_dtype == "float64")
+                      loss=(train.loss_dtype, train.softmax))
         while 2 * sum(stack.live) > stack.size:
             stepping = sum(stack.live)
             batches = [run._next_batch() if live else None for run, live in zip(active, stack.live)]
@@ -236,6 +258,8 @@ class Trainer:
         self.eval_batch = evaluation_batch(self.task, cfg.train)
         self._check_stop_rule_metrics()
         self.train_set = training_set(self.task, cfg.train)
+        self.epochs = (Epochs(self.train_set, cfg.train.batch_size, cfg.train.seed)
+                       if cfg.train.sampling == "epochs" else None)
         # the training loss summed since the last evaluation: the stack sums it on the device and
         # hands it over when the run's weights are copied out
         self.step, self.loss_count, self.elapsed, self.loss_sum = 0, 0, 0.0, 0.0
@@ -382,6 +406,8 @@ class Trainer:
                                  "loss": losses[:: max(1, len(losses) // 100)]})
 
     def _next_batch(self) -> Batch:
+        if self.epochs is not None:
+            return to_device(self.epochs.batch(self.step), self.device)
         return to_device(next_training_batch(self.task, self.train_set, self.cfg.train.batch_size, self.data_gen),
                          self.device)
 

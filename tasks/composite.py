@@ -39,6 +39,7 @@ class CompositeConfig:
     overrides: dict[str, int] = field(default_factory=lambda: {"3,4": -6})  # "a1,a2" -> total shift
     held_out: list[str] = field(default_factory=lambda: ["4,3"])
     key_modulus: int | None = None  # None: seq_len - 2
+    vocab_size: int | None = None  # None: just the tokens used (0..the largest target); the group's code: 201
 
     @property
     def modulus(self) -> int:
@@ -59,6 +60,9 @@ class CompositeConfig:
             raise ConfigError(f"task.value_min={self.value_min} lets targets go negative with shifts {self.shifts}")
         for pair in [*self.overrides, *self.held_out]:
             parse_pair(pair, n)
+        if self.vocab_size is not None and self.vocab_size < self.value_max + 1:
+            raise ConfigError(f"task.vocab_size={self.vocab_size} is smaller than the tokens used (0..{self.value_max} "
+                              "and the targets); use a larger size, or null")
         if self.key_modulus is not None:
             values = range(self.value_min, self.value_max + 1)
             bare = [p for p in range(self.seq_len - 2)
@@ -104,7 +108,10 @@ class CompositeTask(UnpaddedTask):
         self.n_key_positions = cfg.seq_len - 2
         self._keys_by_split = {s: self._key_table(s) for s in SPLITS}
         max_target = cfg.value_max + max(int(self.trained_shift.max()), int(self.inferential_shift.max()), 0)
-        self.vocab = [str(i) for i in range(max_target + 1)]
+        if cfg.vocab_size is not None and cfg.vocab_size <= max_target:
+            raise ConfigError(f"task.vocab_size={cfg.vocab_size} leaves out targets up to {max_target}; use at least "
+                              f"{max_target + 1}, or null")
+        self.vocab = [str(i) for i in range(max(max_target + 1, cfg.vocab_size or 0))]
 
     @property
     def d_vocab(self) -> int:

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from models.run_folder import RunFolder, fork_run
 from models.runs import read_config
-from models.step import Stack
+from models.step import Stack, label_losses
 from models.train import Trainer
 from tasks import logits_at_labels
 
@@ -45,12 +44,12 @@ def probe_steps(run: Path, step: int, n_steps: int, overrides: list[str] | None 
         trainer._restore()
         train = cfg.train
         stack = Stack([trainer.member()], compile=False, precision=train.precision, device=trainer.device,
-                      adam=(train.adam_beta2, train.adam_eps), loss_float64=train.loss_dtype == "float64")
+                      adam=(train.adam_beta2, train.adam_eps), loss=(train.loss_dtype, train.softmax))
         records = []
         for _ in range(min(n_steps, train.steps - trainer.step)):
             batch, lr = trainer._next_batch(), trainer.learning_rate()
             before = {n: p.detach().clone() for n, p in stack.params.items()}
-            record = _gradient_record(trainer, batch, train.loss_dtype == "float64")
+            record = _gradient_record(trainer, batch, train.loss_dtype, train.softmax)
             loss = stack.step([batch], [lr], trainer.draw_depth())
             changes = torch.cat([(stack.params[n] - before[n]).flatten() for n in before]) / lr
             stack.copy_out(0)  # the model holds the new weights, for the next step's gradients
@@ -61,15 +60,15 @@ def probe_steps(run: Path, step: int, n_steps: int, overrides: list[str] | None 
         return records
 
 
-def _gradient_record(trainer: Trainer, batch, float64: bool) -> dict[str, Any]:
+def _gradient_record(trainer: Trainer, batch, dtype: str, softmax: str) -> dict[str, Any]:
     """Per-label losses and the gradients of one batch on the run's current weights (in its model),
-    at full depth."""
+    at full depth, with the training loss's dtype and softmax."""
     model = trainer.model
     model.zero_grad(set_to_none=True)
     picked = logits_at_labels(model(batch.tokens), batch.label_pos)
-    picked = picked.double() if float64 else picked.float()
+    picked = picked.double() if dtype == "float64" else picked.float()
     mask = batch.loss_mask
-    losses = F.cross_entropy(picked[mask], batch.labels[mask], reduction="none")
+    losses = label_losses(picked[mask], batch.labels[mask], softmax)
     losses.mean().backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     norms = {n: g.norm().item() for n, g in grads.items()}

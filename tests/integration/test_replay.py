@@ -17,8 +17,9 @@ from tests.helpers import tiny_composite_run
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     out = tmp_path_factory.mktemp("replay") / "source"
-    Trainer(tiny_composite_run(steps=20, eval_every=5, checkpoint_every=10, snapshots=4, keep_state=[7, 15]), out,
-            progress=False).fit()
+    # batches in epochs over a fixed set of 40 (2 batches each), so a replay must find its place in the epochs
+    Trainer(tiny_composite_run(steps=20, eval_every=5, checkpoint_every=10, snapshots=4, keep_state=[7, 15],
+                               n_train=40, sampling="epochs"), out, progress=False).fit()
     return out
 
 
@@ -45,9 +46,10 @@ def test_a_replay_with_nothing_changed_retraces_the_run_bit_for_bit(source, tmp_
 def test_a_replay_with_a_setting_changed_is_the_counterfactual(source, tmp_path):
     out = tmp_path / "f64"
     assert main(["train", "--from", f"{source}@15", "--out", str(out), "--no-progress",
-                 "--set", "train.loss_dtype=float64", "--set", "train.adam_eps=1e-6"]) == 0
+                 "--set", "train.loss_dtype=float64", "--set", "train.adam_eps=1e-6",
+                 "--set", "train.softmax=stablemax"]) == 0
     cfg = read_config(out)
-    assert (cfg.train.loss_dtype, cfg.train.adam_eps) == ("float64", 1e-6)
+    assert (cfg.train.loss_dtype, cfg.train.adam_eps, cfg.train.softmax) == ("float64", 1e-6, "stablemax")
     assert verified_weights(out)[1].step == 20
     assert verified_weights(out)[1].digest != verified_weights(source)[1].digest
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
