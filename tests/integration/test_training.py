@@ -131,13 +131,13 @@ def test_training_kernels_are_deterministic_on_cpu_threads():
 
 
 def test_two_fits_on_two_threads_give_bit_identical_weights(tmp_path):
-    """Through fit(), not the context manager alone: the lego-cpu shape for 30 steps on 2
+    """Through fit(), not the context manager alone: the lego-cpu shape for 10 steps on 2
     threads. Without deterministic kernels the two runs' weights differed by 4e-5 here (the
     embedding's backward adds rows in a varying order)."""
     from models.presets import get_preset
 
-    cfg = get_preset("lego-cpu").with_overrides(["model.planted={}", "train.steps=30", "train.eval_every=30",
-                                                  "train.eval_size=64", "train.checkpoint_every=30"])
+    cfg = get_preset("lego-cpu").with_overrides(["model.planted={}", "train.steps=10", "train.eval_every=10",
+                                                  "train.eval_size=64", "train.checkpoint_every=10"])
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

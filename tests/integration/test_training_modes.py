@@ -68,15 +68,23 @@ for name, overrides in {variants!r}.items():
 """
 
 
-def _compiled_step_differences(backend: str) -> list[float]:
-    out = _in_a_fresh_interpreter(STEP_SCRIPT.format(variants=VARIANTS, backend=backend))
+def _compiled_step_differences(backend: str, variants: dict[str, list[str]] = VARIANTS) -> list[float]:
+    out = _in_a_fresh_interpreter(STEP_SCRIPT.format(variants=variants, backend=backend))
     return [float(line.rsplit(" ", 1)[1]) for line in out.splitlines()]
 
 
-def test_the_whole_step_compiles_as_one_graph_for_every_variant():
+def test_the_lone_and_the_stacked_step_compile_as_one_graph():
     """fullgraph=True: dynamo raises at the first graph break (a host sync, a data-dependent shape,
-    an untraceable call), so every variant's step (lone and stacked) tracing at all is the check;
-    the eager backend runs the traced graph with eager kernels, so the weights also match."""
+    an untraceable call), so tracing at all is the check; the eager backend runs the traced graph
+    with eager kernels, so the weights also match. Two members of the plain model (the vmapped
+    step) and one with stochastic depth (the lone step, a block skipped); every variant: below."""
+    lone_and_stacked = {name: VARIANTS[name] for name in ("plain", "stochastic depth")}
+    differences = _compiled_step_differences("aot_eager", lone_and_stacked)
+    assert len(differences) == 2 and max(differences) < 1e-6, differences
+
+
+@pytest.mark.slow  # about a minute a variant on 2 loaded cores
+def test_the_whole_step_compiles_as_one_graph_for_every_variant():
     differences = _compiled_step_differences("aot_eager")
     assert len(differences) == len(VARIANTS) and max(differences) < 1e-6, differences
 
@@ -89,6 +97,7 @@ def test_the_inductor_compiled_step_equals_the_eager_step_for_every_variant():
 
 
 @needs_compiler
+@pytest.mark.slow  # two inductor compilations, minutes on 2 cores
 def test_a_compiled_run_resumes_to_the_weights_of_an_uninterrupted_compiled_run(tmp_path, monkeypatch):
     cfg = tiny_lego_run(steps=20, compile=True).with_overrides(["model.tie_layers=true", "model.min_depth=1"])
     Trainer(cfg, tmp_path / "whole", progress=False).fit()
