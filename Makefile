@@ -12,7 +12,10 @@ STAMP := $(VENV)/.installed
 # (as on our CI machines) takes that.
 TORCH_INDEX ?=
 
-.PHONY: setup demo test test-slow lint benchmark gpu-check clean
+# the suite runs in this many processes (pytest-xdist), each test file in one of them
+PYTEST_WORKERS ?= 2
+
+.PHONY: setup demo test test-quick test-slow lint benchmark gpu-check clean
 
 setup: $(STAMP)
 
@@ -27,7 +30,11 @@ demo: $(STAMP)
 	$(BIN)/workbench demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+
+# the loop before a commit: unit tests and one smoke test of every command
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/unit tests/smoke
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow

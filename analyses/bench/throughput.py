@@ -159,12 +159,12 @@ def runnable_modes(device: torch.device) -> dict[str, tuple[bool, str]]:
 
 
 def training_modes(batch_sizes: tuple[int, ...], repeats: int, cfg=None, device: torch.device = CPU,
-                   shape: str = "lego-cpu shape, no planted heads") -> dict[str, float]:
+                   shape: str = "lego-cpu shape, no planted heads", compiled: bool = True) -> dict[str, float]:
     """Steps/s and tokens/s of a model (default: the lego-cpu shape without planted heads) on
     `device` in each training mode, side by side (each the best of `repeats` timings of a few
-    steps); modes the device cannot run are skipped, saying why."""
+    steps); modes the device cannot run are skipped, saying why, and compiled ones unless `compiled`."""
     cfg = cfg or get_preset("lego-cpu").with_overrides(["model.planted={}"])
-    modes = runnable_modes(device)
+    modes = {name: mode for name, mode in runnable_modes(device).items() if compiled or not mode[0]}
     results: dict[str, float] = {}
     for batch_size in batch_sizes:
         rates = {}
@@ -221,7 +221,9 @@ def run_benchmarks(quick: bool = False) -> dict[str, float]:
     print(f"achieved {flops / seconds / 1e9:.2f} GFLOP/s = {flops / seconds / peak:.1%} of the float32 matmul "
           f"peak measured now ({peak / 1e9:.1f} GFLOP/s, 1024x1024)")
 
-    results.update(training_modes((128,) if quick else (128, 512), repeats=2 if quick else 5))
+    if quick:
+        print("compiled training modes skipped: --quick (compilation alone takes minutes on a CPU)")
+    results.update(training_modes((128,) if quick else (128, 512), repeats=2 if quick else 5, compiled=not quick))
     if not quick:  # the composite phase study's cells (cpu scale: compiled, bf16 where the CPU has it)
         composite = {f"composite_d{depth}_" + key: value for depth in (2, 5) for key, value in training_modes(
             (256,), 5, get_preset("composite-cpu").with_overrides([f"model.n_layers={depth}"]),
