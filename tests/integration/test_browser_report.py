@@ -81,7 +81,7 @@ def open_offline(browser, path: Path):
     page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     page.on("pageerror", lambda error: errors.append(f"uncaught: {error}"))
     page.on("request", lambda request: requests.append(request.url))
-    page.goto(path.as_uri(), wait_until="load")
+    page.goto(path.as_uri(), wait_until="load", timeout=RENDER_TIMEOUT_MS)
     page.wait_for_function("[...document.querySelectorAll('div.widget')].every(w => w.querySelector('canvas'))",
                            timeout=RENDER_TIMEOUT_MS)
     return page, errors, requests

@@ -122,13 +122,19 @@ def test_demo_replaces_only_a_demo_run(tmp_path, capsys):
         assert "not a demo run" in capsys.readouterr().err
         assert folder_bytes(run) == before
     demo = tmp_path / "demo"
-    assert main(["demo", "--out", str(demo), *TINY]) == 0
+    assert main(["demo", "--out", str(demo), *TINY, "--no-learned"]) == 0
     first = (demo / "model.safetensors").read_bytes()
-    learned = tmp_path / "demo-learned"  # the zoo's learned three-hop model, analyzed beside it, the reports linked
-    assert json.loads((learned / "analysis.json").read_text())["task"] == "lego"
-    assert '<a href="../demo-learned/report.html">' in (demo / "report.html").read_text()
-    assert '<a href="../demo/report.html">' in (learned / "report.html").read_text()
     # its own run: replaced
     assert main(["demo", "--out", str(demo), *TINY, "--set", "train.seed=1", "--no-learned"]) == 0
     assert (demo / "model.safetensors").read_bytes() != first
     assert json.loads((demo / "config.json").read_text())["train"]["seed"] == 1
+
+
+@pytest.mark.slow  # the learned model's full LEGO analysis: a minute or two
+def test_the_demo_analyses_the_zoos_learned_model_beside_its_own_and_links_the_reports(tmp_path):
+    demo = tmp_path / "demo"
+    assert main(["demo", "--out", str(demo), *TINY]) == 0
+    learned = tmp_path / "demo-learned"  # the zoo's learned three-hop model, analyzed beside it, the reports linked
+    assert json.loads((learned / "analysis.json").read_text())["task"] == "lego"
+    assert '<a href="../demo-learned/report.html">' in (demo / "report.html").read_text()
+    assert '<a href="../demo/report.html">' in (learned / "report.html").read_text()

@@ -64,7 +64,7 @@ def two_writers(tmp_path: Path, rounds: int) -> None:
 
 
 def test_two_writers_into_one_folder_one_trains_the_other_exits_2(tmp_path):
-    two_writers(tmp_path, rounds=2)
+    two_writers(tmp_path, rounds=1)
 
 
 @pytest.mark.slow

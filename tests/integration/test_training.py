@@ -130,6 +130,7 @@ def test_training_kernels_are_deterministic_on_cpu_threads():
     assert not torch.are_deterministic_algorithms_enabled()  # restored for the caller
 
 
+@pytest.mark.slow  # two threads beside the suite's other process: a minute (the context manager's test is quick)
 def test_two_fits_on_two_threads_give_bit_identical_weights(tmp_path):
     """Through fit(), not the context manager alone: the lego-cpu shape for 10 steps on 2
     threads. Without deterministic kernels the two runs' weights differed by 4e-5 here (the
