@@ -479,7 +479,11 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str
             param.copy_(tensors[name])
 
 
-# the writers' side, in its own file; imported here so `from models.runs import RunFolder` works
-from models.run_folder import RunFolder  # noqa: E402
+def __getattr__(name: str):
+    """`from models.runs import RunFolder`: the writers' side lives in models/run_folder.py, which
+    imports this module; read on first use, so either module may be imported first."""
+    if name == "RunFolder":
+        from models.run_folder import RunFolder
 
-__all__ = ["RunFolder"]
+        return RunFolder
+    raise AttributeError(f"module 'models.runs' has no attribute {name!r}")

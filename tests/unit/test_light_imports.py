@@ -37,3 +37,9 @@ def test_help_of_workbench_and_of_every_command_imports_nothing_heavy():
 def test_get_preset_from_a_fresh_python_with_nothing_imported_first():
     out = _fresh_python("from models.presets import get_preset\nprint(get_preset('lego-cpu').task.name)")
     assert out.strip() == "lego"
+
+
+def test_the_run_folder_modules_and_the_step_probe_import_first_in_a_fresh_python():
+    # models/run_folder.py and models/runs.py import each other; either may come first
+    for module in ("models.run_folder", "models.runs", "analyses.research.step_probe"):
+        assert _fresh_python(f"import {module}; print('ok')").strip() == "ok"
