@@ -26,7 +26,8 @@ import torch
 from transformer_lens import HookedTransformer
 
 from interp.outside import OutsideAnalysis, PromptPairs, analyze_model
-from models.runs import ANALYSIS, ERROR_LOG, LOCK, REPORT, RunFolder, run_lock
+from models.run_folder import RunFolder
+from models.runs import ANALYSIS, ERROR_LOG, LOCK, REPORT, run_lock
 from tasks import ConfigError
 
 OUTPUTS = (ANALYSIS, REPORT)  # what analyze-model writes into --out

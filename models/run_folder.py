@@ -1,7 +1,6 @@
 """The run folder as its writers see it (`RunFolder`): whether it may receive a new run, its lock,
 the start of a run, metrics one evaluation at a time, checkpoints saved and resumed. The readers
-and the file formats are in models/runs.py, which re-exports `RunFolder`, so `models.runs` stays
-the one name to import it from."""
+and the file formats are in models/runs.py, which this module builds on."""
 
 from __future__ import annotations
 

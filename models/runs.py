@@ -2,9 +2,9 @@
 weights, resumable train state and metrics, written atomically and without pickle (safetensors
 for tensors, JSON for the rest; the primitives are in models/safe_files.py).
 
-`RunFolder` is the folder as its writers see it: whether it may receive a new run, its lock,
-the start of a run, metrics one evaluation at a time, checkpoints saved and resumed. The trainer
-and the command line ask it and name none of its files. Readers (`run_state`, `verified_weights`,
+The folder as its writers see it (`RunFolder`: whether it may receive a new run, its lock,
+checkpoints saved and resumed) is in models/run_folder.py; the trainer and the command line ask
+it and name none of its files. Readers (`run_state`, `verified_weights`,
 `load_run`) check what they read."""
 
 from __future__ import annotations
@@ -477,13 +477,3 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str
     with torch.no_grad():
         for name, param in params.items():
             param.copy_(tensors[name])
-
-
-def __getattr__(name: str):
-    """`from models.runs import RunFolder`: the writers' side lives in models/run_folder.py, which
-    imports this module; read on first use, so either module may be imported first."""
-    if name == "RunFolder":
-        from models.run_folder import RunFolder
-
-        return RunFolder
-    raise AttributeError(f"module 'models.runs' has no attribute {name!r}")

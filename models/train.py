@@ -29,11 +29,11 @@ from models.config import RunConfig, TrainConfig
 from models.device import bf16_supported, check_precision, deterministic_kernels, resolve_device, to_device
 from models.factory import build_model, forward, unique_parameters
 from models.memory import EVAL_CHUNK, check_memory
+from models.run_folder import RunFolder
 from models.runs import (
     LoadedRun,
     Moment,
     Progress,
-    RunFolder,
     RunFolderError,
     load_run,
     load_weights,

@@ -1,26 +1,22 @@
 """Milliseconds per training step of a lone tiny composite run (the test suite's shape: 2 layers,
-d 32, batch 16), one thread, through `Trainer.fit` of the checkout named on the command line, so
-that two checkouts can be timed one after the other on the same machine:
+d 32, batch 16), one thread, through `Trainer.fit` of the checkout on PYTHONPATH, so that two
+checkouts can be timed one after the other on the same machine:
 
     git worktree add /tmp/base 028255b
-    for d in /tmp/base .; do .venv/bin/python analyses/bench/lone_step_ms.py $d; done
+    for d in /tmp/base .; do PYTHONPATH=$d .venv/bin/python analyses/bench/lone_step_ms.py; done
 
 Steps 50-300 are timed (the first 50 warm up); no evaluation or checkpoint falls inside them.
 """
 
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(sys.argv[1]).resolve()))
+import torch
 
-import torch  # noqa: E402
-
-import interp.tasks  # noqa: E402,F401  (the presets and tasks register on import)
-from models.config import ModelConfig, RunConfig, TrainConfig  # noqa: E402
-from models.train import Trainer  # noqa: E402
-from tasks import CompositeConfig  # noqa: E402
+import models
+from models.config import ModelConfig, RunConfig, TrainConfig
+from models.train import Trainer
+from tasks import CompositeConfig
 
 torch.set_num_threads(1)
 cfg = RunConfig(task=CompositeConfig(), model=ModelConfig(n_layers=2, d_model=32, n_heads=1, d_mlp=64, init_gamma=0.5),
@@ -38,4 +34,4 @@ def timed_next_batch():
 
 trainer._next_batch = timed_next_batch
 trainer.fit()
-print(f"{sys.argv[1]}: {(started[-1] - started[50]) / (len(started) - 51) * 1000:.2f} ms per step (steps 50-300)")
+print(f"{models.__file__}: {(started[-1] - started[50]) / (len(started) - 51) * 1000:.2f} ms per step (steps 50-300)")

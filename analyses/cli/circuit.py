@@ -67,7 +67,7 @@ def _measured_files(run_dir: Path, args: argparse.Namespace) -> dict[str, dict[s
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from interp.mib import write_mib
-    from models.runs import RunFolder
+    from models.run_folder import RunFolder
 
     RunFolder(args.out, named_by="--out").check_place("the circuit files")  # before the measurement
     files = _measured_files(args.run_dir, args)

@@ -73,7 +73,8 @@ def config_from_file(path: Path):
 
 
 def train_run(cfg, out: Path, resume: bool, progress: bool) -> int:
-    from models.runs import RunFolder, model_sizes, out_of_memory
+    from models.run_folder import RunFolder
+    from models.runs import model_sizes, out_of_memory
     from models.train import Trainer, TrainingDiverged
     from tasks import ConfigError
 

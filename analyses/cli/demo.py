@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 def check_demo_folder(out: Path) -> None:
     """The demo trains into a new or empty folder, or replaces a run of its own (`_is_demo_run`);
     any other run is refused, never deleted."""
-    from models.runs import DEMO, RUN_FILES, RunFolder, is_own_temp
+    from models.run_folder import RunFolder
+    from models.runs import DEMO, RUN_FILES, is_own_temp
     from tasks import ConfigError
 
     if not _is_demo_run(out):

@@ -37,7 +37,8 @@ metrics.jsonl). Examples:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.runs import CONFIG, RunFolder, read_config
+    from models.run_folder import RunFolder
+    from models.runs import CONFIG, read_config
     from tasks import ConfigError
 
     folder = RunFolder(args.out, named_by="--out")

@@ -65,7 +65,8 @@ def _train_group(group: dict[str, tuple[RunConfig, Path]], progress: bool) -> li
     before the group is built, so that a damaged one leaves the group with its own error and the
     others train on."""
     from analyses.runners.sweep import CellResult, settled_cell
-    from models.runs import RunFolder, RunFolderError, read_metrics
+    from models.run_folder import RunFolder
+    from models.runs import RunFolderError, read_metrics
     from models.train import Trainer, TrainingDiverged, train_runs
 
     results, members, names = [], [], []

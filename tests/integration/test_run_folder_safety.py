@@ -339,7 +339,7 @@ def test_a_writer_whose_folder_another_writers_check_made_or_removed_still_gets_
     it again. Writer B must then neither be refused as 'cannot be created' (the folder exists
     because A made it) nor crash opening its lock in a folder A just removed."""
     from models import safe_files
-    from models.runs import RunFolder
+    from models.run_folder import RunFolder
 
     out = tmp_path / "race"
     real_mkdir = Path.mkdir

@@ -5,7 +5,8 @@ import torch
 from safetensors.torch import load_file
 
 from models.config import ModelConfig
-from models.runs import RunFolder, load_run, read_metrics
+from models.run_folder import RunFolder
+from models.runs import load_run, read_metrics
 from models.train import Trainer, TrainingDiverged, learning_rate
 from tasks import CompositeConfig, CompositeTask
 from tests.helpers import kill_then_resume, tiny_composite_run, tiny_lego_run
