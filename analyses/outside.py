@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer
 
-from interp.outside import OutsideAnalysis, PromptPairs, analyze_model
+from interp.outside import OutsideAnalysis, PromptPairs, analyze_model, non_finite_line
 from models.run_folder import RunFolder
 from models.runs import ANALYSIS, ERROR_LOG, LOCK, REPORT, run_lock
 from tasks import ConfigError
@@ -181,5 +181,7 @@ def summary_lines(analysis: OutsideAnalysis) -> list[str]:
         f"none ({analysis.patching.paths_refused})" if analysis.patching.paths_refused else "none")
     labels = " ".join(f"L{layer}H{head} {label}" for layer, row in enumerate(analysis.heads.labels)
                       for head, label in enumerate(row))
-    return [f"circuit: {', '.join(circuit.nodes) or 'no heads'} (faithfulness {circuit.faithfulness}); edges: {edges}",
-            f"head labels: {labels}"]
+    lines = [f"circuit: {', '.join(circuit.nodes) or 'no heads'} (faithfulness {circuit.faithfulness}); edges: {edges}",
+             f"head labels: {labels}"]
+    warning = non_finite_line(analysis.model)
+    return [f"warning: the model's{warning.removeprefix('. Its')}", *lines] if warning else lines

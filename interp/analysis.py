@@ -1,39 +1,32 @@
 """One trained run, looked into: head scores and labels, exact and attribution patching on the
 task's own counterfactual pairs, then the task's own steps (probes, solution verdict), which
-this module knows only through the registry `TASK_ANALYSES`: each module of `interp/tasks/`
-registers its task's `TaskAnalysis` (`register_analysis`). `analyze_run` returns a `RunAnalysis`
-(the objects that measured); `write_analysis` writes its `to_dict()` as analysis.json (schema
-SCHEMA), which `read_analysis` (`interp/analysis_file.py`) reads back, upgrading a file of an
-older schema one version at a time. The report's sections are built from that written form by `interp.analysis_html`.
-
-Adding a task: one file in `tasks/` implementing `tasks.Task` (registered with
-`tasks.registry.register_task`), and one in `interp/tasks/` registering its `TaskAnalysis` and
-default preset."""
+this module knows only through the task's `TaskAnalysis` (interp/task_analysis.py), looked up
+by name in interp/tasks/__init__.py. `analyze_run` returns a `RunAnalysis` (the objects that
+measured); `write_analysis` writes its `to_dict()` as analysis.json (schema SCHEMA,
+interp/analysis_file.py, which reads it back). The report's sections are built from that written
+form by `interp.analysis_html`."""
 
 from __future__ import annotations
 
 import json
 import math
 import time
-from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-import matplotlib.pyplot as plt
 import torch
-from jaxtyping import Int
-from torch import Tensor
-from transformer_lens import HookedTransformer
 
-from interp.analysis_file import SCHEMA, read_analysis, upgraded  # noqa: F401  (re-exported: analysis.json's readers)
+from interp.analysis_file import SCHEMA
 from interp.atp import Judged, judge_estimates
 from interp.attention import HeadScores, classify_heads
 from interp.circuit import Circuit, find_circuit, head_name
 from interp.circuit_spread import bootstrap_circuit
-from interp.head_evidence import HeadEvidence, PairSet, ShareProbe, head_evidence
+from interp.head_evidence import HeadEvidence, head_evidence
 from interp.patching import PatchResult, logit_diff_metric, patch_head_out, patch_residual
 from interp.paths import PathPatchResult, check_path_patchable, path_patch
+from interp.task_analysis import Probes, TaskAnalysis, Verdict, counterfactual_pairs, default_share_probe
+from interp.tasks import task_analysis
 from models.planted import parse_planted
 from models.runs import (
     ANALYSIS,
@@ -43,9 +36,7 @@ from models.runs import (
     non_finite_weights,
 )
 from models.safe_files import finite_json
-from tasks import Batch, ConfigError, Task, TaskContractError, logits_at_labels, seeded_generator
-
-FITTED_ACCURACY = 0.9  # the patching metric reads the deepest supervised variable at least this accurate
+from tasks import TaskContractError, seeded_generator
 
 
 @dataclass
@@ -94,18 +85,6 @@ def _verified(judged: Judged, k: int = 3, with_spearman: bool = False) -> dict[s
     return found
 
 
-@runtime_checkable
-class Finding(Protocol):
-    """What a task's findings (its verdict, its probe map) are: objects that write themselves as
-    the plain values of analysis.json."""
-
-    def to_dict(self) -> dict[str, Any]: ...
-
-
-Verdict = Finding  # the task's verdict: which solution the model found, with its evidence
-Probes = Finding  # the task's probe map
-
-
 def task_findings(steps: TaskAnalysis, run: LoadedRun, seed: int) -> tuple[Probes | None, Verdict]:
     """`steps.findings(run, seed)`, checked: a verdict (and a probe map, where there is one) that
     cannot write itself to analysis.json is the task's error, named as such, not the workbench's."""
@@ -140,136 +119,6 @@ class RunAnalysis:
                 "patching": self.patching.to_dict(),
                 "probes": None if self.probes is None else self.probes.to_dict(), "verdict": self.verdict.to_dict(),
                 "seconds": self.seconds, "weights": None if self.weights is None else dict(self.weights)}
-
-
-@dataclass(frozen=True)
-class TaskAnalysis:
-    """The task-specific steps of `workbench analyze` and of the run report.
-
-    findings(run, seed) -> (probe map or None, verdict);
-    circuit_findings(verdict, circuit, labels, planted) -> the verdict with what the circuit graph
-      says (labels: "L1H0" -> head label; planted: "L1H0" names of hardcoded heads);
-    headline(verdict) -> the one line `workbench analyze` prints;
-    verdict_html, probes_html -> report sections, from analysis.json's verdict and probes;
-    curves(run) -> the training-curve figure; curves_caption: the caption under it;
-    planted_note -> HTML the report adds where a run's model has planted heads (what such a model
-      of this task is not, and where to look instead);
-    verdict_label(verdict dict) -> the verdict in a word or phrase, for the timeline (default: its
-      "verdict" field);
-    timeline_panels(verdict dict) -> panel title -> series name -> value: the evidence a timeline
-      draws (default: every number of the verdict, grouped by field; interp/timeline.py);
-    summary(last metrics.jsonl record) -> {"label": ..., "rates": {name: value}}, or None where the
-      record lacks what it reads: a run's verdict without an analysis, for the sweep page (default:
-      the task's headline metric and the label "-"; interp/sweep_cells.py);
-    verdict_rates(verdict dict) -> name -> value: the few rates that decide the verdict, named as
-      `summary` names them (default: the first panel of `timeline_panels`);
-    share_probe(run, seed) -> the pair sets a head's causal share is measured on, beside its label
-      (interp.head_evidence; default: the counterfactual pairs of the patching section).
-
-    Which fields are required: docs/tasks.md, "The analysis contract" (`check_analysis`)."""
-
-    findings: Callable[[LoadedRun, int], tuple[Probes | None, Verdict]]
-    headline: Callable[[Verdict], str]
-    verdict_html: Callable[[dict[str, Any]], str]
-    probes_html: Callable[[dict[str, Any]], str] | None
-    curves: Callable[[LoadedRun], plt.Figure]
-    curves_caption: str
-    circuit_findings: Callable[[Verdict, Circuit, dict[str, str], set[str]], Verdict] | None = None
-    planted_note: str = ""
-    verdict_label: Callable[[dict[str, Any]], str] | None = None
-    timeline_panels: Callable[[dict[str, Any]], dict[str, dict[str, float]]] | None = None
-    summary: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
-    verdict_rates: Callable[[dict[str, Any]], dict[str, float]] | None = None
-    share_probe: Callable[[LoadedRun, int], ShareProbe] | None = None
-
-
-TASK_ANALYSES: dict[str, TaskAnalysis] = {}  # task name -> its analysis, filled by the modules of interp/tasks/
-
-
-ANALYSIS_DOC_SECTION = "docs/tasks.md, 'The analysis contract'"
-
-
-def analysis_contract() -> dict[str, bool]:
-    """TaskAnalysis's fields, each with whether it is required (docs/tasks.md lists the same)."""
-    return {f.name: f.default is MISSING for f in fields(TaskAnalysis)}
-
-
-def check_analysis(name: str, analysis: object) -> None:
-    """TaskContractError naming the task, the field and the doc section where `analysis` is not a
-    TaskAnalysis whose functions are functions and whose captions are strings (a required caption
-    not empty); nothing is called."""
-    def fail(what: str) -> TaskContractError:
-        return TaskContractError(f"the analysis of task {name!r}: {what} (see {ANALYSIS_DOC_SECTION})")
-
-    if not isinstance(analysis, TaskAnalysis):
-        raise fail(f"register_analysis takes an interp.analysis.TaskAnalysis, not {type(analysis).__name__}")
-    for field in fields(TaskAnalysis):
-        value, required, kind = getattr(analysis, field.name), field.default is MISSING, str(field.type)
-        optional = kind.endswith("| None")  # the annotation, a string here: "Callable[...] | None"
-        if kind == "str":
-            if not isinstance(value, str) or (required and not value.strip()):
-                raise fail(f"`{field.name}` is {value!r}; it must be a{' non-empty' if required else ''} string")
-        elif not (callable(value) or (value is None and optional)):
-            raise fail(f"`{field.name}` is {value!r}; it must be a function{' or None' if optional else ''}")
-
-
-def register_analysis(name: str, analysis: TaskAnalysis) -> None:
-    """Make `analysis` the task `name`'s steps of `workbench analyze` and of its report; checked
-    first (`check_analysis`)."""
-    check_analysis(name, analysis)
-    known = TASK_ANALYSES.get(name)
-    if known is not None and known is not analysis:
-        raise RuntimeError(f"two analyses are registered for task {name!r}")
-    TASK_ANALYSES[name] = analysis
-
-
-def analysed_tasks() -> list[str]:
-    """The tasks with a registered analysis, sorted (every module of interp/tasks/ imported first)."""
-    import interp.tasks  # noqa: F401 (its modules register their analyses on import)
-
-    return sorted(TASK_ANALYSES)
-
-
-def task_analysis(name: str) -> TaskAnalysis:
-    known = analysed_tasks()
-    if name not in TASK_ANALYSES:
-        raise ConfigError(f"no analysis is registered for task {name!r}; known: {known}. Add interp/tasks/{name}.py "
-                          f"(CONTRIBUTING.md)")
-    return TASK_ANALYSES[name]
-
-
-@torch.no_grad()
-def predictions(model: HookedTransformer, batch: Batch) -> Int[Tensor, "batch label"]:
-    """The model's answer (argmax over the task's classes) at every label slot."""
-    device = next(model.parameters()).device
-    logits = model(batch.tokens.to(device))
-    return logits_at_labels(logits, batch.label_pos.to(device)).argmax(-1).cpu()
-
-
-def without_unset(data: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
-    """`data` without the `optional` keys that are None: analysis.json holds what was measured."""
-    return {key: value for key, value in data.items() if value is not None or key not in optional}
-
-
-def counterfactual_pairs(
-    task: Task, n: int, seed: int, model: HookedTransformer | None = None
-) -> tuple[Batch, Batch, int, str]:
-    """Aligned clean/corrupted pairs (the task's `counterfactual_pairs`), the label slot the
-    metric reads, and what was changed. The slot is the deepest supervised one the model gets
-    right (>= 90% on these inputs); the deepest supervised one when none is, or without a model."""
-    clean, corrupted, description = task.counterfactual_pairs(n, seeded_generator(seed), aligned=True)
-    slot = _deepest_fitted_slot(model, clean, task.supervised_slots())
-    where = f"variable {task.label_names[slot]}" if len(task.label_names) > 1 else "the last position"
-    return clean, corrupted, slot, f"{description}; metric at {where}"
-
-
-def _deepest_fitted_slot(model: HookedTransformer | None, batch: Batch, supervised_slots: list[bool]) -> int:
-    supervised = [slot for slot, s in enumerate(supervised_slots) if s]
-    if model is None:
-        return supervised[-1]
-    accuracy = (predictions(model, batch) == batch.labels).float().mean(0)
-    fitted = [slot for slot in supervised if accuracy[slot] >= FITTED_ACCURACY]
-    return (fitted or supervised)[-1]
 
 
 def patching_analysis(run: LoadedRun, n_pairs: int = 64, seed: int = 0, bootstrap: int = 0) -> PatchingAnalysis:
@@ -311,24 +160,17 @@ def analyze_run(
     heads = classify_heads(run.model, run.task, tokens)
     planted = dict(run.config.model.planted)  # hardcoded heads, not learned
     patching = patching_analysis(run, seed=seed, bootstrap=bootstrap)
-    if steps.share_probe is not None:
-        evidence = head_evidence(run.model, heads, steps.share_probe(run, seed), task=run.task)
+    share_probe = steps.share_probe(run, seed)
+    if share_probe is not None:
+        evidence = head_evidence(run.model, heads, share_probe, task=run.task)
     else:  # the patching section's own pairs, whose per-head sweep is already measured
         evidence = head_evidence(run.model, heads, default_share_probe(run, seed), patching.heads.values, run.task)
     probes, verdict = task_findings(steps, run, seed)
-    if steps.circuit_findings is not None:
-        verdict = steps.circuit_findings(verdict, patching.circuit, _head_labels(heads, evidence),
-                                         _planted_names(planted, heads))
+    verdict = steps.circuit_findings(verdict, patching.circuit, _head_labels(heads, evidence),
+                                     _planted_names(planted, heads))
     return RunAnalysis(str(run.path), run.config.task.name, heads, planted, patching, probes, verdict,
                        round(time.perf_counter() - started, 2), None if run.weights is None else run.weights.to_dict(),
                        evidence)
-
-
-def default_share_probe(run: LoadedRun, seed: int = 0, n_pairs: int = 64) -> ShareProbe:
-    """The pairs of `patching_analysis` (same n and seed) as the one set a head's share is read on."""
-    clean, corrupted, slot, description = counterfactual_pairs(run.task, n_pairs, seed, run.model)
-    return ShareProbe([PairSet(clean.tokens, corrupted.tokens, logit_diff_metric(clean, corrupted, label_index=slot))],
-                      description)
 
 
 def _head_labels(heads: HeadScores, evidence: HeadEvidence | None = None) -> dict[str, str]:
@@ -353,13 +195,6 @@ def _planted_names(planted: dict[str, str], heads: HeadScores) -> set[str]:
     """The hardcoded heads as "L1H0" names ("*.0": head 0 of every layer)."""
     plan = parse_planted(planted, len(heads.labels), len(heads.labels[0]))
     return {head_name(layer, head) for layer, kinds in plan.items() for head in kinds}
-
-
-def _named_chain(chain: list[str], labels: dict[str, str], planted: set[str]) -> str:
-    """`L1H0 (manipulation) -> L2H0 (association, planted) -> logits`."""
-    return " -> ".join(node if node == "logits"
-                       else f"{node} ({labels.get(node, '?')}{', planted' * (node in planted)})"
-                       for node in chain)
 
 
 def write_analysis(run: LoadedRun, analysis: RunAnalysis) -> Path:

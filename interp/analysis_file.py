@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from interp.patching import spearman
+from interp.tasks import analysed_tasks
 from models.runs import ANALYSIS, RunFolderError, read_json, verified_weights
 from models.safe_files import nan_at
 
@@ -142,8 +143,6 @@ def _analysis_problem(data: dict[str, Any]) -> str | None:
              if not isinstance(data.get(name), types)]
     if wrong:
         return f"holds fields of the wrong kind ({'; '.join(wrong)})"
-    from interp.analysis import analysed_tasks  # the registry of analyses imports this module
-
     known = analysed_tasks()
     if data["task"] not in known:
         return f"names task={data['task']!r}, which is unknown; known: {known}"

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
 from typing import Any
 
 from interp import plots
-from interp.analysis import task_analysis
 from interp.circuit import circuit_svg
 from interp.circuit_spread import bootstrap_html
 from interp.head_evidence import head_evidence_html
 from interp.report import Report, figure_html, table_html
-from interp.report_format import effect, evidence_html, has_rank_correlation, rank_correlation
+from interp.report_format import effect, has_rank_correlation, rank_correlation
+from interp.tasks import task_analysis
 
 MIN_METRIC_GAP = 0.5  # logits; below it normalised patching values are dominated by noise
 CURVE_AS_TEXT = 13  # points of the faithfulness curve (heads + 1) listed as text; more are drawn
@@ -50,26 +49,15 @@ def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
         report.add("Path patching", _paths_html(paths, heads["labels"]))
         if paths["circuit"] is not None:
             report.add("Circuit", _circuit_html(paths["circuit"], heads["labels"]))
-    if steps.probes_html is not None and analysis["probes"] is not None:
-        report.add("Probes", steps.probes_html(analysis["probes"]))
+    probes = None if analysis["probes"] is None else steps.probes_html(analysis["probes"])
+    if probes is not None:
+        report.add("Probes", probes)
 
 
 def _head_name(where: str) -> str:
     """`"1.0"` -> `"L1H0"` (`"*.0"` -> `"L*H0"`)."""
     layer, _, head = where.partition(".")
     return f"L{layer}H{head}"
-
-
-def table_verdict_html(verdict: dict[str, Any], drawn: dict[str, Callable[[Any], str]] | None = None) -> str:
-    """A verdict section for tasks whose verdict names a solution (`verdict`), then its evidence:
-    numbers rounded (`interp.report_format`), a dict of lists as a small table in its row, and the
-    evidence named in `drawn` (key -> its HTML, a chart or a grid) below the table instead of in it."""
-    drawn = drawn or {}
-    head = f"<p class='verdict'>Solution: {html.escape(str(verdict['verdict']))}</p>"
-    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{evidence_html(v)}</td></tr>" for k, v in verdict.items()
-                   if k != "verdict" and k not in drawn)
-    below = "".join(draw(verdict[k]) for k, draw in drawn.items() if verdict.get(k))
-    return head + f"<table><tr><th>evidence</th><th>value</th></tr>{rows}</table>" + below
 
 
 def _patching_html(patching: dict[str, Any]) -> str:

@@ -86,8 +86,7 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from interp.patching.metrics import Metric, _mean_metric
-from interp.patching.sweep import _baselines
+from interp.patching import Metric, baseline_metrics, mean_metric
 from interp.paths import INPUTS, PathPatchResult, check_path_patchable, per_head_inputs
 
 TARGET = 0.9
@@ -206,7 +205,7 @@ def _stand_ins(model: HookedTransformer, clean_tokens: Tensor, corrupted_tokens:
     n = clean_tokens.shape[0]
     logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]),
                                          names_filter=lambda name: name.endswith("attn.hook_z"))
-    clean_metric, corrupted_metric = _baselines(metric, logits, n)
+    clean_metric, corrupted_metric = baseline_metrics(metric, logits, n)
     stand_in = {name: z[n:] if ablation == "resample" else z.mean(0, keepdim=True) for name, z in cache.items()}
     return clean_metric, corrupted_metric, stand_in
 
@@ -227,7 +226,7 @@ def kept_faithfulness(
             return z
 
         with model.hooks(fwd_hooks=[(lambda name: name.endswith("attn.hook_z"), ablate)]):
-            value = _mean_metric(metric, model(clean_tokens)).item()
+            value = mean_metric(metric, model(clean_tokens)).item()
         out.append((value - corrupted_metric) / (clean_metric - corrupted_metric))
     return out
 
@@ -294,7 +293,7 @@ def edge_faithfulness(
                      (lambda name: name.endswith(("hook_q_input", "hook_k_input", "hook_v_input")), inputs),
                      (last, direct)]
             with model.hooks(fwd_hooks=hooks):
-                value = _mean_metric(metric, model(clean_tokens)).item()
+                value = mean_metric(metric, model(clean_tokens)).item()
             out.append((value - corrupted_metric) / (clean_metric - corrupted_metric))
     return out
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from interp.analysis import counterfactual_pairs
 from interp.circuit_spread import MeasuredCircuit, circuit_on_pairs
 from interp.mib import MIB_PERCENTAGES, mib_circuit, mib_file, threshold_circuits, top_edges
 from interp.patching import logit_diff_metric, spearman
+from interp.task_analysis import counterfactual_pairs
 from models.runs import LoadedRun
 
 

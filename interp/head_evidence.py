@@ -31,8 +31,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from interp.attention import HeadScores
-from interp.patching import Metric, patch_head_out
-from interp.patching.metrics import _mean_metric
+from interp.patching import Metric, mean_metric, patch_head_out
 from models.planted import token_context
 
 USED = 0.05  # a labelled head restoring less than this alone is not shown as used
@@ -82,8 +81,8 @@ def patch_heads_together(
     n = clean_tokens.shape[0]
     logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]),
                                          names_filter=lambda name: name.endswith("attn.hook_z"))
-    clean_metric = _mean_metric(metric, logits[:n]).item()
-    corrupted_metric = _mean_metric(metric, logits[n:]).item()
+    clean_metric = mean_metric(metric, logits[:n]).item()
+    corrupted_metric = mean_metric(metric, logits[n:]).item()
 
     def put_clean(z: Tensor, hook: Any) -> Tensor:
         chosen = [head for layer, head in heads if layer == hook.layer()]
@@ -92,7 +91,7 @@ def patch_heads_together(
 
     with token_context(model, corrupted_tokens), model.hooks(fwd_hooks=[(lambda name: name.endswith("attn.hook_z"),
                                                                           put_clean)]):
-        value = _mean_metric(metric, model(corrupted_tokens)).item()
+        value = mean_metric(metric, model(corrupted_tokens)).item()
     return (value - corrupted_metric) / (clean_metric - corrupted_metric)
 
 

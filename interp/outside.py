@@ -10,8 +10,8 @@ From the command line (analyses/outside.py): `workbench analyze-model --model FI
 --prompts PAIRS.json --out DIR`, FUNCTION() returning the model, the pairs file `from_json`'s.
 
 The pairs and the metric, and how they are read and checked, are `interp.outside_prompts`'s
-(`PromptPairs`, `scalar_metric`, both importable from here too): a pair is a clean prompt, its
-corrupted twin of the same length and the two answers, read at the last position.
+(`PromptPairs`, `scalar_metric`): a pair is a clean prompt, its corrupted twin of the same length
+and the two answers, read at the last position.
 
 Nothing here reimplements patching: it calls `interp.patching`, `interp.atp`, `interp.paths`,
 `interp.circuit`, `interp.attention` and `interp.analysis_html`'s report sections, as `workbench
@@ -57,11 +57,11 @@ from interp.atp import judge_estimates
 from interp.attention import DEFAULT_THRESHOLDS, HeadScores, attention_patterns, relative_mass
 from interp.circuit import find_circuit
 from interp.outside_prompts import PromptPairs, _kind, check_metric
-from interp.outside_prompts import scalar_metric as scalar_metric  # documented here (docs/outside-models.md)
 from interp.patching import Metric, patch_head_out, patch_residual
 from interp.paths import check_path_patchable, path_patch
 from interp.report import Report, figure_html, table_html
 from interp.report_format import evidence_text
+from models.runs import non_finite_weights
 
 OUTSIDE_KINDS = ("previous", "self", "first", "duplicate", "induction")
 OUTSIDE_THRESHOLDS = {"previous": DEFAULT_THRESHOLDS["previous"], "self": DEFAULT_THRESHOLDS["self"],
@@ -181,7 +181,9 @@ class OutsideAnalysis:
         """The HTML report: prompts, every head's attention (circuitsvis, offline), head scores,
         exact and attribution patching, path patching, the circuit graph."""
         report = Report(title)
-        written = self.to_dict()
+        # NaN stays NaN here (to_dict writes it as None, for JSON): the sections print it as "nan", as they
+        # print a run's analysis.json read back
+        written = {**self.to_dict(), "patching": self.patching.to_dict()}
         join = "" if self.model.get("tokenizer") else " "
         rows = [[i, join.join(p["clean"]), join.join(p["corrupted"]), p["answer"], p["wrong_answer"]]
                 for i, p in enumerate(self.prompts[:20])]
@@ -235,7 +237,15 @@ def _model_line(cfg: dict[str, Any]) -> str:
     parts = [f"{cfg['n_layers']} layers x {cfg['n_heads']} heads, d_model {cfg['d_model']}",
              "causal" if cfg["causal"] else "bidirectional", "attention only" if cfg["attn_only"] else "with MLPs",
              f"normalization {cfg['normalization_type']}"]
-    return ", ".join(parts)
+    return ", ".join(parts) + non_finite_line(cfg)
+
+
+def non_finite_line(cfg: dict[str, Any]) -> str:
+    """Where the model's weights hold NaN or infinity, a sentence saying so (every number measured
+    on it is then undefined), else ""."""
+    bad = cfg.get("non_finite_weights") or []
+    return (f". Its weights hold NaN or infinity ({len(bad)} tensors: {', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}): every number measured on it is undefined" if bad else "")
 
 
 def model_summary(model: HookedTransformer) -> dict[str, Any]:
@@ -244,7 +254,8 @@ def model_summary(model: HookedTransformer) -> dict[str, Any]:
             "d_vocab": cfg.d_vocab, "d_vocab_out": cfg.d_vocab_out, "n_ctx": cfg.n_ctx,
             "causal": cfg.attention_dir == "causal", "attn_only": bool(cfg.attn_only),
             "normalization_type": cfg.normalization_type, "positional_embedding_type": cfg.positional_embedding_type,
-            "model_name": getattr(cfg, "model_name", None), "tokenizer": getattr(model, "tokenizer", None) is not None}
+            "model_name": getattr(cfg, "model_name", None), "tokenizer": getattr(model, "tokenizer", None) is not None,
+            "non_finite_weights": non_finite_weights(model)}
 
 
 def analyze_model(

@@ -320,7 +320,8 @@ def scalar_metric(fn: Callable[[Tensor], Tensor], n_pairs: int | None = None) ->
 
     per_pair.wrapped = fn  # type: ignore[attr-defined]
     per_pair.__name__ = f"scalar_metric({getattr(fn, '__name__', 'fn')})"
-    per_pair.__doc__ = f"{fn.__doc__ or ''}\n(wrapped by interp.outside.scalar_metric: one number repeated per pair)"
+    per_pair.__doc__ = (f"{fn.__doc__ or ''}\n(wrapped by interp.outside_prompts.scalar_metric: one number repeated "
+                        "per pair)")
     return per_pair
 
 
@@ -336,5 +337,6 @@ def check_metric(model: HookedTransformer, pairs: PromptPairs, metric: Metric) -
     shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
     if not isinstance(value, Tensor) or value.numel() == 1:
         raise ValueError(f"the metric returned one number ({shape}) for {n} pairs; the workbench averages one value "
-                         "per pair. Wrap a TransformerLens-style metric: metric=interp.outside.scalar_metric(fn)")
+                         "per pair. Wrap a TransformerLens-style metric: "
+                         "metric=interp.outside_prompts.scalar_metric(fn)")
     raise ValueError(f"the metric returned shape {shape}; it must return one value per pair, shape ({n},)")

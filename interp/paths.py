@@ -46,9 +46,17 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from interp.patching import DEFAULT_MAX_BATCH, DIRECTIONS, Metric, forward_from, normalise, shortformer_positions
-from interp.patching.metrics import _mean_metric
-from interp.patching.sweep import _baselines, _source_target
+from interp.patching import (
+    DEFAULT_MAX_BATCH,
+    DIRECTIONS,
+    Metric,
+    baseline_metrics,
+    forward_from,
+    mean_metric,
+    normalise,
+    shortformer_positions,
+    source_target_slices,
+)
 from models.factory import final_norm, is_post_norm
 
 INPUTS = ("q", "k", "v")  # a receiver head's inputs
@@ -169,12 +177,12 @@ def path_patch(
     keep = {f"blocks.{layer}.attn.hook_z" for layer in range(n_layers)} | {last}
     keep |= {f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)}
     logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]), names_filter=lambda h: h in keep)
-    clean_metric, corrupted_metric = _baselines(metric, logits, n)
-    source, target = _source_target(direction, n)
+    clean_metric, corrupted_metric = baseline_metrics(metric, logits, n)
+    source, target = source_target_slices(direction, n)
     target_tokens = (corrupted_tokens if direction == DIRECTIONS[0] else clean_tokens)
     deltas = sender_deltas(model, cache, source, target)  # [sender batch pos d_model]
 
-    direct_raw = torch.stack([_mean_metric(metric, logits_from_resid(model, cache[last][target] + delta))
+    direct_raw = torch.stack([mean_metric(metric, logits_from_resid(model, cache[last][target] + delta))
                               for delta in deltas]).view(n_layers, n_heads).cpu()
     edges_raw = torch.full((n_layers, n_heads, n_layers, n_heads, len(INPUTS)), float("nan"), dtype=direct_raw.dtype)
     for receiver_layer in range(1, n_layers):
@@ -230,7 +238,7 @@ def _receiver_layer_edges(
                     logits = forward_from(model, target_resid.repeat(len(chunk), 1, 1), layer,
                                           tokens=target_tokens.repeat(len(chunk), 1))
                 logits = logits.view(len(chunk), n, *logits.shape[1:])
-                out[chunk, head, i] = torch.stack([_mean_metric(metric, copy) for copy in logits]).cpu()
+                out[chunk, head, i] = torch.stack([mean_metric(metric, copy) for copy in logits]).cpu()
     return out
 
 
@@ -267,7 +275,7 @@ def _path_reference(
              (lambda name: name.endswith("hook_mlp_out"), freeze_mlps)]
     if receiver is None:
         with model.hooks(fwd_hooks=hooks):
-            return _mean_metric(metric, model(target_tokens)).item()
+            return mean_metric(metric, model(target_tokens)).item()
     layer_r, head_r, name = receiver
     point = f"blocks.{layer_r}.attn.hook_{name}"
     stored: dict[str, Tensor] = {}
@@ -279,4 +287,4 @@ def _path_reference(
         return act
 
     with model.hooks(fwd_hooks=[(point, swap)]):
-        return _mean_metric(metric, model(target_tokens)).item()
+        return mean_metric(metric, model(target_tokens)).item()

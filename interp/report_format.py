@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 RATE_DECIMALS = 3  # accuracies, shares, attention mass: 2000 test rows carry about 3 decimals
@@ -164,3 +165,15 @@ def _shade(value: Any) -> str:
     level = min(1.0, max(0.0, float(value)))
     red, green, blue = (round(255 - (255 - c) * level * 0.75) for c in (27, 158, 119))
     return f"background: rgb({red},{green},{blue});"
+
+
+def table_verdict_html(verdict: dict[str, Any], drawn: dict[str, Callable[[Any], str]] | None = None) -> str:
+    """A verdict section for tasks whose verdict names a solution (`verdict`), then its evidence:
+    numbers rounded (`interp.report_format`), a dict of lists as a small table in its row, and the
+    evidence named in `drawn` (key -> its HTML, a chart or a grid) below the table instead of in it."""
+    drawn = drawn or {}
+    head = f"<p class='verdict'>Solution: {html.escape(str(verdict['verdict']))}</p>"
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{evidence_html(v)}</td></tr>" for k, v in verdict.items()
+                   if k != "verdict" and k not in drawn)
+    below = "".join(draw(verdict[k]) for k, draw in drawn.items() if verdict.get(k))
+    return head + f"<table><tr><th>evidence</th><th>value</th></tr>{rows}</table>" + below

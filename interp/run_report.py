@@ -7,11 +7,13 @@ import html
 import json
 from pathlib import Path
 
-from interp.analysis import RunAnalysis, read_analysis, task_analysis
+from interp.analysis import RunAnalysis
+from interp.analysis_file import read_analysis
 from interp.analysis_html import analysis_sections
 from interp.attention import attention_patterns
 from interp.report import Report, figure_html, table_html
 from interp.report_format import pair_grid_html, pair_keys
+from interp.tasks import task_analysis
 from models.runs import ANALYSIS, REPORT, LoadedRun, RunFolderError, non_finite_note, non_finite_weights
 from tasks import seeded_generator
 

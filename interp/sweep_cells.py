@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from interp.analysis import TaskAnalysis, read_analysis, task_analysis
-from interp.timeline import read_timeline, timeline_panels, verdict_label
+from interp.analysis_file import read_analysis
+from interp.task_analysis import TaskAnalysis
+from interp.tasks import task_analysis
+from interp.timeline import read_timeline
 from models.runs import CONFIG, REPORT, TIMELINE, RunFolderError, read_config, read_json, read_metrics
 from models.safe_files import writer_pid
 from tasks import ConfigError
@@ -195,7 +197,7 @@ def _fill_verdict(cell: Cell, run_dir: Path, steps: TaskAnalysis, task: str, las
         cell.rates = _from_verdict(steps, point.get("verdict") or {}, run_dir / TIMELINE)[1]
     elif last:
         cell.source, cell.step = "metrics.jsonl", last.get("step")
-        found = (steps.summary(last) if steps.summary is not None else None) or headline_summary(task, last)
+        found = steps.summary(last) or headline_summary(task, last)
         cell.label, cell.rates = str(found["label"]), _finite(found.get("rates") or {})
 
 
@@ -203,11 +205,7 @@ def _from_verdict(steps: TaskAnalysis, verdict: dict[str, Any], path: Path) -> t
     """A written verdict's label and deciding rates; RunFolderError naming `path` where the
     verdict lacks what the task reads."""
     try:
-        if steps.verdict_rates is not None:
-            rates = steps.verdict_rates(verdict)
-        else:
-            rates = next(iter(timeline_panels(steps, verdict).values()), {})
-        return verdict_label(steps, verdict), _finite(rates)
+        return steps.verdict_label(verdict), _finite(steps.verdict_rates(verdict))
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise RunFolderError(f"{path}: its verdict cannot be read ({type(err).__name__}: {err}); "
                              "it is damaged") from None

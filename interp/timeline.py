@@ -20,7 +20,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +28,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from interp.analysis import TaskAnalysis, counterfactual_pairs, task_analysis, task_findings
+from interp.analysis import task_findings
 from interp.attention import classify_heads
 from interp.circuit import find_circuit
 from interp.patching import logit_diff_metric, patch_head_out
+from interp.task_analysis import TaskAnalysis, counterfactual_pairs
+from interp.tasks import task_analysis
 from models.runs import (
     TIMELINE,
     LoadedRun,
@@ -114,7 +116,7 @@ def _analyze_moment(run: LoadedRun, steps: TaskAnalysis, moment: Moment, clean: 
     heads = classify_heads(run.model, run.task, tokens)
     patching, circuit = _patching(run, clean.tokens.to(device), corrupted.tokens.to(device), metric)
     return {"step": moment.step, "reasons": list(moment.reasons), "digest": moment.digest,
-            "label": verdict_label(steps, written), "panels": timeline_panels(steps, written), "verdict": written,
+            "label": steps.verdict_label(written), "panels": steps.timeline_panels(written), "verdict": written,
             "head_labels": heads.labels, **patching, **circuit,
             "probes": None if probes is None else probes.to_dict(), "seconds": round(time.perf_counter() - started, 2)}
 
@@ -154,49 +156,6 @@ class _weights_restored:
 
     def __exit__(self, *exc: object) -> None:
         load_weights(self.run.model, self.saved)
-
-
-# ---------------------------------------------------------------------------------------------
-# Evidence series and labels: what a task declares, or the generic reading of its verdict
-
-
-def verdict_label(steps: TaskAnalysis, verdict: dict[str, Any]) -> str:
-    """The verdict in one word or phrase: the task's own `verdict_label`, else its "verdict" field."""
-    if steps.verdict_label is not None:
-        return steps.verdict_label(verdict)
-    label = verdict.get("verdict")
-    return label if isinstance(label, str) else "-"
-
-
-def timeline_panels(steps: TaskAnalysis, verdict: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """The verdict's evidence as named series grouped into panels (one chart each): the task's own
-    `timeline_panels`, else every finite number in the verdict, its top-level numbers in one panel
-    and each list or object field in a panel of its own."""
-    if steps.timeline_panels is not None:
-        return steps.timeline_panels(verdict)
-    panels: dict[str, dict[str, float]] = {}
-    for key, value in verdict.items():
-        numbers = dict(_numbers(key, value))
-        if not numbers:
-            continue
-        panel = "evidence" if _is_number(value) else key
-        panels.setdefault(panel, {}).update(numbers)
-    return panels
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _numbers(name: str, value: Any) -> Iterator[tuple[str, float]]:
-    if _is_number(value):
-        yield name, float(value)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _numbers(f"{name}[{i}]", item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _numbers(f"{name}.{key}", item)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -185,7 +185,7 @@ class TrainConfig:
       its own seed's initialisation: a new schedule and a fresh optimizer on a trained model
       (an lr anneal, or a curriculum: the same model on a harder task config). Its model section
       must equal this run's. The source's path, step and weight digest go to init.json; resume
-      continues from this run's own checkpoints and no longer needs the source.
+      continues from this run's own checkpoints and does not need the source.
     snapshots: the weights kept along the way (models/snapshots.py, for `workbench analyze
       --timeline`): a count N keeps step 0, N - 2 log-spaced steps and the final weights; a list
       keeps those of its steps below train.steps (so one list serves every stage of a curriculum); 0 none.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.config import RunConfig
-from models.presets import get_preset
+from models.presets import get_preset, load_task_plugins
 from models.runs import CONFIG, RunFolderError, read_config, read_metrics, run_state, same_recipe
 from tasks import ConfigError
 
@@ -108,7 +108,13 @@ def register_curriculum(curriculum: Curriculum) -> Curriculum:
     return curriculum
 
 
+def all_curricula() -> dict[str, Curriculum]:
+    """Every curriculum by name, in registration order."""
+    load_task_plugins()
+    return CURRICULA
+
+
 def get_curriculum(name: str) -> Curriculum:
-    if name not in CURRICULA:
+    if name not in all_curricula():
         raise ConfigError(f"curriculum {name!r} is unknown; use one of {sorted(CURRICULA)}")
     return CURRICULA[name]

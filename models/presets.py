@@ -1,7 +1,7 @@
 """Named run configurations, registered by the tasks: each task's module in interp/tasks/ (or a
 `<task>_presets.py` beside it) calls `register_preset` for its presets, so this registry names no
-task. `all_presets` and `get_preset` import interp.tasks (every task's module) before they
-look, so a preset is found from a fresh Python with nothing imported first. The naming
+task. `all_presets` and `get_preset` import interp.tasks (the list of the tasks' modules) before
+they look, so a preset is found from a fresh Python with nothing imported first. The naming
 convention: `*-cpu` presets learn on 2 CPU cores in minutes; `*-gpu` presets ask for CUDA and
 bf16 and are sized by FLOP count to at most 10 minutes of one H100 each; `*-paper` presets follow
 the papers' recipes (docs/papers.md) and want a GPU."""
@@ -39,11 +39,17 @@ def register_preset(name: str, factory: Callable[[], RunConfig], default_for: st
         QUICK_START.append(name)
 
 
-def all_presets() -> dict[str, Callable[[], RunConfig]]:
-    """Every preset's factory by name, in registration order, once every module of interp/tasks/
-    (where the tasks register their presets) is imported."""
-    import interp.tasks  # noqa: F401 (its modules call register_preset on import)
+def load_task_plugins() -> None:
+    """Import interp.tasks, the list of the tasks' own modules, which register their presets and
+    curricula as they load. The one import from models/ up to interp/ (tests/unit/test_seams.py
+    allows it and no other): it lets `get_preset` and `get_curriculum` work from a bare
+    `import models.presets`, whatever was imported before."""
+    import interp.tasks  # noqa: F401
 
+
+def all_presets() -> dict[str, Callable[[], RunConfig]]:
+    """Every preset's factory by name, in registration order."""
+    load_task_plugins()
     return PRESETS
 
 

@@ -23,6 +23,7 @@ from models.runs import (
     METRICS,
     MIMIC,
     RUN_FILES,
+    SNAPSHOTS,
     STATES,
     TRAIN_STATE,
     Checkpoint,
@@ -35,7 +36,7 @@ from models.runs import (
     write_config,
 )
 from models.safe_files import LOCK, RunFolderError, append_line, atomic_write_bytes, is_own_temp, run_lock, save_tensors
-from models.snapshots import SNAPSHOTS, copy_snapshots, remove_snapshots
+from models.snapshots import copy_snapshots, remove_snapshots
 from tasks import ConfigError
 
 _MOMENT = re.compile(r"step-(\d{8})\.safetensors")

@@ -28,7 +28,6 @@ from models.safe_files import (
     LOCK,
     RunFolderError,
     atomic_write_bytes,
-    is_own_temp,  # noqa: F401  (re-exported: analyses/cli/demo.py imports it from here)
     locked_here,
     read_json,
     read_regular,
@@ -37,7 +36,6 @@ from models.safe_files import (
     save_tensors,
     writer_pid,
 )
-from models.snapshots import SNAPSHOTS
 from tasks import ConfigError, Task, make_task
 
 CONFIG, WEIGHTS, TRAIN_STATE, METRICS = "config.json", "model.safetensors", "train_state.safetensors", "metrics.jsonl"
@@ -47,6 +45,7 @@ ANALYSIS, REPORT = "analysis.json", "report.html"
 DEMO = "demo.json"  # written by `workbench demo`: the config of its run, which marks the folder as the demo's
 ERROR_LOG = "workbench-error.log"  # the traceback of a command's unexpected error (analyses/cli/guards.py)
 TIMELINE = "timeline.json"  # written by `workbench analyze --timeline` (interp/timeline.py)
+SNAPSHOTS = "snapshots"  # snapshots of the weights along the way, with their index (models/snapshots.py)
 STATES = "states"  # whole training states kept for a replay (`train.keep_state`, event snapshots)
 RUN_FILES = {CONFIG, WEIGHTS, TRAIN_STATE, METRICS, MIMIC, INIT, ANALYSIS, REPORT, LOCK, DEMO, ERROR_LOG, SNAPSHOTS,
              TIMELINE, STATES}  # what a run folder may hold

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from models.runs import SNAPSHOTS, weights_digest
 from models.safe_files import RunFolderError, atomic_write_bytes, read_json, read_tensors, save_tensors
 
-SNAPSHOTS = "snapshots"  # the folder in a run folder
 INDEX = "index.json"
 SCHEMA = 1  # of index.json
 MAX_EVENT_SNAPSHOTS = 16  # per run: a run whose loss keeps spiking does not fill the disk
@@ -83,8 +83,6 @@ def _for_storage(weights: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def _digest(tensors: dict[str, Tensor]) -> str:
-    from models.runs import weights_digest
-
     return weights_digest(tensors)
 
 

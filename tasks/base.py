@@ -71,7 +71,7 @@ class CounterfactualPairs(NamedTuple):
 class Task(Protocol):
     """What every task offers to models, training and analysis. Adding a task means one file in
     `tasks/` implementing this and registering it (`tasks.registry.register_task`), and one in
-    `interp/tasks/` registering its analysis (`interp.analysis.register_analysis`). Each member,
+    `interp/tasks/` defining its analysis (`interp.task_analysis.TaskAnalysis`). Each member,
     what reads it and which are optional: `tasks.contract.CONTRACT`, shown in docs/tasks.md ("The
     Task contract"); a registered task is held to it the first time it is looked up.
 

@@ -10,7 +10,7 @@ the task, the member and the doc section. The check is not run at import, so a b
 not stop the others from working.
 
 A task's analysis (verdict, probes, report sections, default preset) lives in `interp/tasks/`,
-registered the same way there (`interp.analysis.register_analysis`)."""
+listed in interp/tasks/__init__.py (`ANALYSES`)."""
 
 from __future__ import annotations
 

@@ -105,14 +105,14 @@ def held_out_rates_by_hand(run, n: int, seed: int = 0) -> tuple[float, float]:
     (trained pairs first, then held-out ones)."""
     import torch
 
-    from interp.tasks.composite import _held_out_pairs, _trained_pairs
+    from interp.tasks.composite import _trained_pairs, held_out_pairs
     from tasks import seeded_generator
 
     task = run.task
     assert task.cfg.shifts == [5, 1, -2, -8] and task.cfg.held_out == ["4,3"] and task.cfg.overrides == {"3,4": -6}
     gen = seeded_generator(seed)
     task.sample(n, gen, split="test", pair_ids=_trained_pairs(task, n, gen))
-    tokens = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen)).tokens
+    tokens = task.sample(n, gen, split="test", pair_ids=held_out_pairs(task, n, gen)).tokens
     first_anchor = ((tokens >= 1) & (tokens <= 4)).int().argmax(1)
     rows = torch.arange(len(tokens))
     key, a1, a2 = tokens[rows, first_anchor - 1], tokens[rows, first_anchor], tokens[rows, first_anchor + 1]

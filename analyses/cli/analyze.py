@@ -30,8 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp.analysis import task_analysis
     from interp.sweep_cells import is_sweep_folder
+    from interp.tasks import task_analysis
     from models.device import resolve_device
     from models.runs import CONFIG
     from tasks import ConfigError

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from analyses.cli.common import load_tasks
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("benchmark", help="task generation rate, training throughput and FLOP/s vs a matmul peak")
@@ -42,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
     if args.snapshots:
         from analyses.bench.snapshots import run_snapshot_benchmark
 
-        load_tasks()
         run_snapshot_benchmark(quick=args.quick)
         return 0
     if args.patching and args.device:

@@ -27,11 +27,11 @@ def add_ensemble_argument(p: argparse.ArgumentParser) -> None:
 
 
 def load_tasks() -> list[str]:
-    """The registered tasks (every module of tasks/), once their analyses and default presets
-    (every module of interp/tasks/) are registered too."""
-    import interp.tasks  # noqa: F401 (its modules register each task's analysis and default preset)
+    """The registered tasks (tasks/__init__.py lists them), with their presets registered too."""
+    from models.presets import load_task_plugins
     from tasks import task_names
 
+    load_task_plugins()
     return task_names()
 
 

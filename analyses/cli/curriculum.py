@@ -7,8 +7,6 @@ import argparse
 import time
 from pathlib import Path
 
-from analyses.cli.common import load_tasks
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     curriculum = sub.add_parser("curriculum", help="train a recipe in stages, each starting from the "
@@ -28,12 +26,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.curriculum import CURRICULA, get_curriculum, train_curriculum
+    from models.curriculum import all_curricula, get_curriculum, train_curriculum
     from tasks import ConfigError
 
-    load_tasks()  # a task's module in interp/tasks/ registers its curricula
     if args.list:
-        for c in CURRICULA.values():
+        for c in all_curricula().values():
             print(f"{c.name}: {c.about}\n  preset {c.preset}, every stage: {' '.join(c.common)}")
             for stage in c.stages:
                 print(f"  {stage.name}: {' '.join(stage.overrides)}")

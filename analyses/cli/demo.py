@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from analyses.cli.analyze import run as analyze
-from analyses.cli.common import add_run_options, load_tasks, resolve_config, train_run
+from analyses.cli.common import add_run_options, resolve_config, train_run
 from analyses.cli.report import run as write_report
 
 
@@ -26,10 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from analyses.zoo import demo_learned
     from models.presets import get_preset, quick_start_preset
-    from models.runs import DEMO, LOCK, RUN_FILES, atomic_write_bytes, run_lock
-    from models.snapshots import SNAPSHOTS, remove_snapshots
+    from models.runs import DEMO, LOCK, RUN_FILES, SNAPSHOTS, atomic_write_bytes, run_lock
+    from models.snapshots import remove_snapshots
 
-    load_tasks()
     preset = quick_start_preset()
     cfg = resolve_config(args, preset, get_preset(preset).task.name)
     started = time.perf_counter()
@@ -55,7 +54,8 @@ def check_demo_folder(out: Path) -> None:
     """The demo trains into a new or empty folder, or replaces a run of its own (`_is_demo_run`);
     any other run is refused, never deleted."""
     from models.run_folder import RunFolder
-    from models.runs import DEMO, RUN_FILES, is_own_temp
+    from models.runs import DEMO, RUN_FILES
+    from models.safe_files import is_own_temp
     from tasks import ConfigError
 
     if not _is_demo_run(out):

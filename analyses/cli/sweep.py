@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from analyses.cli.common import EXIT_CONFIG, add_ensemble_argument, load_tasks
+from analyses.cli.common import EXIT_CONFIG, add_ensemble_argument
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +49,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers {args.workers} must be >= 1")
     if args.address and args.backend != "ray":
         raise ConfigError("--address needs --backend ray")
-    load_tasks()  # a task's module in interp/tasks/ may register presets
     base = get_preset(args.preset).with_overrides(args.overrides)
     grid = parse_grid(args.grid)
     cells = grid_cells(base, grid)  # every cell's config is valid before the folder is made (and locked)

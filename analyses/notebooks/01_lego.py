@@ -32,11 +32,13 @@ import circuitsvis as cv
 from IPython.display import HTML, display
 
 from interp import plots
-from interp.analysis import counterfactual_pairs
 from interp.attention import attention_patterns, classify_heads
 from interp.patching import attribute_head_out, logit_diff_metric, patch_head_out, patch_residual
 from interp.report import figure_html, table_html
-from interp.tasks.lego import lego_curves, lego_parity_rules, lego_probe_map, lego_verdict, percolation_summary
+from interp.task_analysis import counterfactual_pairs
+from interp.tasks.lego import lego_curves
+from interp.tasks.lego_probes import lego_probe_map, percolation_summary
+from interp.tasks.lego_verdict import lego_parity_rules, lego_verdict
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import get_preset
 from models.runs import load_run

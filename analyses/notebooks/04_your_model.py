@@ -39,7 +39,8 @@ from IPython.display import HTML, display
 from interp import plots
 from interp.attention import attention_patterns
 from interp.circuit import circuit_svg
-from interp.outside import PromptPairs, analyze_model, scalar_metric
+from interp.outside import PromptPairs, analyze_model
+from interp.outside_prompts import scalar_metric
 from interp.patching import patch_head_out
 from interp.report import figure_html, table_html
 from interp.toy_induction import TOY_VOCAB, hand_set_induction_model, induction_prompt_pairs

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from interp.analysis import counterfactual_pairs
 from interp.atp import judge_all_cells
 from interp.patching import logit_diff_metric
+from interp.task_analysis import counterfactual_pairs
 from models.runs import load_run
 
 BUDGETS = (0.05, 0.10, 0.25, 0.50, 0.75)  # fractions of the exact sweep verified in the estimate's order

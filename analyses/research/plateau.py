@@ -12,9 +12,9 @@ import dataclasses
 import numpy as np
 import torch
 
-from interp.analysis import predictions
 from interp.probes import residual_similarity
-from interp.tasks.lego import hop_pull, parent_element_split
+from interp.task_analysis import predictions
+from interp.tasks.lego_plateau import hop_pull, parent_element_split
 from models.runs import load_run
 from tasks import LegoTask, seeded_generator
 

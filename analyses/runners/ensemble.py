@@ -64,7 +64,7 @@ def _train_group(group: dict[str, tuple[RunConfig, Path]], progress: bool) -> li
     checked as its restore will check it (`RunFolder.resume_point`), and every folder for links,
     before the group is built, so that a damaged one leaves the group with its own error and the
     others train on."""
-    from analyses.runners.sweep import CellResult, settled_cell
+    from analyses.runners.cell import CellResult, settled_cell
     from models.run_folder import RunFolder
     from models.runs import RunFolderError, read_metrics
     from models.train import Trainer, TrainingDiverged, train_runs

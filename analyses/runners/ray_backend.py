@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from analyses.runners.cell import CellResult, call_with_threads, train_cell
 from analyses.runners.lifeline import dying_with, machine_key, watched_pid
-from analyses.runners.sweep import CellResult, _call_with_threads, train_cell
 from tasks import ConfigError
 
 
@@ -22,7 +22,7 @@ def _ray_cell(driver: tuple[int, str], name: str, cfg_dict: dict[str, Any], run_
     with the driver (a killed sweep leaves no cell training); on other machines Ray itself
     stops the tasks of a job whose driver has gone."""
     with dying_with(watched_pid(driver)):
-        return _call_with_threads(train_cell, 1, name, cfg_dict, run_dir)
+        return call_with_threads(train_cell, 1, name, cfg_dict, run_dir)
 
 
 PROBE_S = 5.0  # seconds a cluster address has to answer, and to speak gRPC (Ray's protocol)

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from analyses.runners.cell import CellResult
 from analyses.runners.study import Scales, StudyContext
-from analyses.runners.sweep import CellResult, grid_cells, grid_points
+from analyses.runners.sweep import grid_cells, grid_points
 from interp.complexity import embedding_spectrum, leading_share, query_condensation
 from interp.tasks.composite import (
     composite_verdict,

@@ -14,14 +14,14 @@ import matplotlib.pyplot as plt
 
 from analyses.runners.study import StudyContext
 from analyses.studies.composite_cells import base_config, cell_measures, contrast_gammas, scale_params, with_model
-from interp.analysis import predictions
 from interp.patching import logit_diff_metric, patch_residual
 from interp.report import figure_html, table_html
+from interp.task_analysis import predictions
 from interp.tasks.composite import (
-    _held_out_pairs,
     anchor_order_sensitivity,
     composite_attention_flow,
     composite_probe_map,
+    held_out_pairs,
     pair_route_at_last,
 )
 from models.config import RunConfig
@@ -64,7 +64,7 @@ def mechanism_by_key_position(run: LoadedRun, key_positions: Sequence[int] | Non
         if not 0 <= key_pos < task.n_key_positions:
             raise ValueError(f"key position {key_pos} is outside 0..{task.n_key_positions - 1}")
         gen = seeded_generator(seed)
-        held = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen), key_pos=key_pos)
+        held = task.sample(n, gen, split="test", pair_ids=held_out_pairs(task, n, gen), key_pos=key_pos)
         answer = predictions(run.model, held)[:, 0]
         out[key_pos] = {
             "held_out_inferential": round((answer == held.latents["inferential"]).float().mean().item(), 3),

@@ -52,23 +52,18 @@ from analyses.studies.lego_pool import (
     variant,
 )
 from interp import plots
-from interp.analysis import counterfactual_pairs
 from interp.attention import classify_heads
 from interp.patching import logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
+from interp.task_analysis import counterfactual_pairs
 from interp.tasks.lego import (
-    extrapolates,
-    last_learned_before_middle,
     last_variable_evidence,
     last_variable_evidence_html,
-    learned_steps,
     lego_accuracy_figure,
-    lego_parity_rules,
-    lego_probe_map,
     parity_rules_section,
-    percolation_summary,
-    resolved_depths,
 )
+from interp.tasks.lego_probes import lego_probe_map, percolation_summary, resolved_depths
+from interp.tasks.lego_verdict import extrapolates, last_learned_before_middle, learned_steps, lego_parity_rules
 from models.config import RunConfig
 from models.runs import MIMIC, load_run, read_json, read_metrics
 from tasks import seeded_generator

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from analyses.runners.cell import CellResult
 from analyses.runners.study import Cell, Scales, StudyContext
-from analyses.runners.sweep import CellResult
 from interp.report import figure_html
 from interp.tasks.lego import (
     lego_curves,

@@ -25,9 +25,10 @@ Attribution patching estimates every cell from one forward and one backward pass
 grad(metric) . (source - target), summed over the cell's entries.
 
 One module per part, each public name importable from `interp.patching`: metrics.py (the
-metric, normalisation, rank agreement), sweep.py (the activations, a validated request, its
-cells, `PatchResult`), exact.py (`activation_patch` and its wrappers), attribution.py
-(`attribution_patch` and its wrappers), screen.py (`screen_and_verify` and the AtP* yardstick).
+metric, its mean over the pairs, normalisation, rank agreement), sweep.py (the activations, a
+validated request, its cells, the clean and corrupted baselines, `PatchResult`), exact.py
+(`activation_patch` and its wrappers), attribution.py (`attribution_patch` and its wrappers),
+screen.py (`screen_and_verify` and the AtP* yardstick).
 
 Shape glossary: batch = counterfactual pairs, pos = token positions, layer, head_index,
 d_model / d_head = the feature axis of an activation, d_vocab_out = output classes,
@@ -51,12 +52,22 @@ from interp.patching.exact import (
     patch_residual,
     shortformer_positions,
 )
-from interp.patching.metrics import LogitDiff, Metric, logit_diff_metric, normalise, spearman
+from interp.patching.metrics import LogitDiff, Metric, logit_diff_metric, mean_metric, normalise, spearman
 from interp.patching.screen import Screened, effect_sizes, screen_and_verify, verification_cost
-from interp.patching.sweep import ACTIVATIONS, DEFAULT_MAX_BATCH, DIRECTIONS, Activation, PatchResult, cell_masks
+from interp.patching.sweep import (
+    ACTIVATIONS,
+    DEFAULT_MAX_BATCH,
+    DIRECTIONS,
+    Activation,
+    PatchResult,
+    baseline_metrics,
+    cell_masks,
+    source_target_slices,
+)
 
 __all__ = ["ACTIVATIONS", "AFTER_RESID_MID", "DEFAULT_MAX_BATCH", "DIRECTIONS", "QK_KINDS", "Activation", "LogitDiff",
            "Metric", "PatchResult", "Screened", "activation_patch", "attribute_head_out", "attribute_head_out_by_pos",
-           "attribute_residual", "attribution_patch", "cell_masks", "effect_sizes", "forward_from",
-           "logit_diff_metric", "normalise", "patch_head_out", "patch_head_out_by_pos", "patch_mlp_out",
-           "patch_residual", "screen_and_verify", "shortformer_positions", "spearman", "verification_cost"]
+           "attribute_residual", "attribution_patch", "baseline_metrics", "cell_masks", "effect_sizes",
+           "forward_from", "logit_diff_metric", "mean_metric", "normalise", "patch_head_out", "patch_head_out_by_pos",
+           "patch_mlp_out", "patch_residual", "screen_and_verify", "shortformer_positions", "source_target_slices",
+           "spearman", "verification_cost"]

@@ -11,16 +11,16 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from interp.patching.exact import _narrowed_last_block
-from interp.patching.metrics import Metric, _mean_metric
+from interp.patching.metrics import Metric, mean_metric
 from interp.patching.sweep import (
     DEFAULT_MAX_BATCH,
     DIRECTIONS,
     PatchResult,
-    _baselines,
     _cells,
     _result,
     _Sweep,
     _validate,
+    baseline_metrics,
 )
 
 QK_KINDS = ("q", "k")  # the kinds the QK fix of attribution applies to
@@ -135,7 +135,7 @@ class _FirstOrder:
         self.source = [cache[name] for name in self.source_names]
         target_logits, self.target, self.grads = self._backward(drop_layer=None)
         clean_logits, corrupted_logits = (source_logits, target_logits)[:: 1 if clean_source else -1]
-        self.clean_metric, self.corrupted_metric = _baselines(metric, torch.cat([clean_logits, corrupted_logits]),
+        self.clean_metric, self.corrupted_metric = baseline_metrics(metric, torch.cat([clean_logits, corrupted_logits]),
                                                               clean.shape[0])
 
     def _qk_name(self, layer: int, kind: str) -> str:
@@ -167,7 +167,7 @@ class _FirstOrder:
                       for part in ("attn", "mlp")]
         with torch.enable_grad(), self.model.hooks(fwd_hooks=hooks + self.final_hooks):
             logits = self.model(self.target_tokens)
-            grads = torch.autograd.grad(_mean_metric(self.metric, logits), [saved[n] for n in wrt], allow_unused=True)
+            grads = torch.autograd.grad(mean_metric(self.metric, logits), [saved[n] for n in wrt], allow_unused=True)
         grads = {n: torch.zeros_like(saved[n]) if g is None else g for n, g in zip(wrt, grads)}
         return logits.detach(), {n: a.detach() for n, a in saved.items()}, grads
 
@@ -244,13 +244,13 @@ def _integrated_terms(
         with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
             logits = model(target_tokens.repeat(len(chunk), 1))
             # the mean over the line and the pairs: each chunk carries its share of the line
-            objective = sum(_mean_metric(metric, part) for part in logits.split(n)) / steps
+            objective = sum(mean_metric(metric, part) for part in logits.split(n)) / steps
             grads = torch.autograd.grad(objective, [saved[name] for name in names], allow_unused=True)
         for total, grad in zip(totals, grads):
             if grad is not None:
                 total += grad.view(len(chunk), n, *grad.shape[1:]).sum(0)
     clean_logits, corrupted_logits = (source_logits, target_logits)[:: 1 if direction == DIRECTIONS[0] else -1]
-    clean_metric, corrupted_metric = _baselines(metric, torch.cat([clean_logits, corrupted_logits]), n)
+    clean_metric, corrupted_metric = baseline_metrics(metric, torch.cat([clean_logits, corrupted_logits]), n)
     return ([source_cache[name] for name in names], [target_cache[name] for name in names], totals,
             clean_metric, corrupted_metric)
 

@@ -12,20 +12,20 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 
-from interp.patching.metrics import LogitDiff, Metric, _mean_metric
+from interp.patching.metrics import LogitDiff, Metric, mean_metric
 from interp.patching.sweep import (
     ACTIVATIONS,
     DEFAULT_MAX_BATCH,
     DIRECTIONS,
     Activation,
     PatchResult,
-    _baselines,
     _Cells,
     _cells,
     _result,
-    _source_target,
     _Sweep,
     _validate,
+    baseline_metrics,
+    source_target_slices,
 )
 from models.planted import token_context
 
@@ -69,8 +69,8 @@ def _exact_cells(
     keep = {a.name(layer) for layer in sweep.layers for a in (pre, post, sweep.activation)}
     logits, cache = model.run_with_cache(torch.cat([clean_tokens, corrupted_tokens]), names_filter=lambda h: h in keep)
     target_tokens = corrupted_tokens if sweep.direction == DIRECTIONS[0] else clean_tokens
-    clean_metric, corrupted_metric = _baselines(metric, logits, n)
-    source, target = _source_target(sweep.direction, n)
+    clean_metric, corrupted_metric = baseline_metrics(metric, logits, n)
+    source, target = source_target_slices(sweep.direction, n)
     raw = []
     with token_context(model, target_tokens):  # planted heads: the runs below start from a residual stream
         for layer, layer_cells in zip(sweep.layers, per_layer):
@@ -100,7 +100,7 @@ def _sweep_layer(
         group_post = torch.cat(list(_patched_runs(model, target_pre, layer, hook_name, source_act, cells.groups,
                                                    max_batch, stop_at_layer=layer + 1)))
         outputs = _runs_after_block(model, layer, cells, group_post, target_post, max_batch, final_hooks)
-    return torch.stack([_mean_metric(metric, copy) for logits in outputs for copy in logits])
+    return torch.stack([mean_metric(metric, copy) for logits in outputs for copy in logits])
 
 
 def _narrowed_last_block(model: HookedTransformer, metric: Metric,

@@ -83,11 +83,13 @@ def normalise(
     return (raw - corrupted_metric) / (clean_metric - corrupted_metric)
 
 
-def _mean_metric(metric: Metric, logits: Tensor) -> Tensor:
+def mean_metric(metric: Metric, logits: Tensor) -> Tensor:
+    """The metric's mean over the pairs of `logits`; refuses a metric that does not return one
+    value per pair."""
     values = metric(logits)
     if values.shape != (logits.shape[0],):
         raise ValueError(f"the metric returned shape {tuple(values.shape)}; it must return one value per pair, "
                          f"shape ({logits.shape[0]},) (patching averages it; do not reduce inside the metric). A "
                          f"TransformerLens-style metric that returns one number: wrap it, "
-                         f"interp.outside.scalar_metric(fn) (docs/outside-models.md)")
+                         f"interp.outside_prompts.scalar_metric(fn) (docs/outside-models.md)")
     return values.mean()

@@ -11,7 +11,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from interp.patching.metrics import Metric, _mean_metric, normalise
+from interp.patching.metrics import Metric, mean_metric, normalise
 
 DIRECTIONS = ("clean_to_corrupted", "corrupted_to_clean")
 DEFAULT_MAX_BATCH = 128  # samples per stacked forward pass; on CPU larger batches are no faster per sample
@@ -162,16 +162,16 @@ def _result(sweep: _Sweep, raw: Tensor, method: str, clean_metric: float, corrup
     )
 
 
-def _baselines(metric: Metric, logits: Tensor, n: int) -> tuple[float, float]:
+def baseline_metrics(metric: Metric, logits: Tensor, n: int) -> tuple[float, float]:
     """Mean metric of the clean half and the corrupted half of a stacked [clean; corrupted] run."""
-    clean_metric, corrupted_metric = _mean_metric(metric, logits[:n]).item(), _mean_metric(metric, logits[n:]).item()
+    clean_metric, corrupted_metric = mean_metric(metric, logits[:n]).item(), mean_metric(metric, logits[n:]).item()
     if clean_metric == corrupted_metric:
         raise ValueError(f"clean and corrupted runs give the same metric ({clean_metric}), so nothing can be "
                          "normalised; use pairs and a metric on which the corruption changes the output")
     return clean_metric, corrupted_metric
 
 
-def _source_target(direction: str, n: int) -> tuple[slice, slice]:
+def source_target_slices(direction: str, n: int) -> tuple[slice, slice]:
     """Where source and target sit in a stacked [clean; corrupted] batch of 2n."""
     clean, corrupted = slice(0, n), slice(n, 2 * n)
     return (clean, corrupted) if direction == DIRECTIONS[0] else (corrupted, clean)

@@ -4,8 +4,8 @@ below 90%), with its evidence (attention from the last token to key and anchors 
 anchors to the key, per layer; cosine similarity of last-token representations for equal
 targets from different pairs; the circuit graph's route to the logits), the probe map of where
 the key, the first composition and the answer are readable, the report's sections and curves
-(its presets are in composite_presets.py). Registered with
-`interp.analysis.register_analysis` at the end of the file.
+(its presets are in composite_presets.py). `CompositeAnalysis`, at the end of the file, is what
+interp/tasks/__init__.py lists.
 
 Shape glossary: layer = residual streams (interp.probes), site = positions read per sample,
 quantity = composite targets, label = 1 (the last position).
@@ -27,13 +27,12 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from interp import plots
-from interp.analysis import TaskAnalysis, _named_chain, predictions, register_analysis, without_unset
-from interp.analysis_html import table_verdict_html
 from interp.attention import attention_patterns
 from interp.circuit import Circuit, chains_to_logits
 from interp.probes import ProbeSet, layer_names, probe_grid, rounded
 from interp.report import figure_html, table_html
-from interp.report_format import dict_table_html, evidence_html, is_series, rate
+from interp.report_format import dict_table_html, evidence_html, is_series, rate, table_verdict_html
+from interp.task_analysis import TaskAnalysis, named_chain, predictions, without_unset
 from models.runs import LoadedRun
 from tasks import Batch, CompositeTask, seeded_generator
 from tasks.base import uniform_choice
@@ -72,7 +71,7 @@ def composite_verdict(model: HookedTransformer, task: CompositeTask, n: int = 20
     """The held-out answer rates on test keys, with the mechanism evidence."""
     gen = seeded_generator(seed)
     seen = task.sample(n, gen, split="test", pair_ids=_trained_pairs(task, n, gen))
-    held = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen))
+    held = task.sample(n, gen, split="test", pair_ids=held_out_pairs(task, n, gen))
     seen_acc = (predictions(model, seen) == seen.labels).float().mean().item()
     pred = predictions(model, held)[:, 0]
     inf = (pred == held.latents["inferential"]).float().mean().item()
@@ -95,7 +94,7 @@ def held_out_on_training_keys(model: HookedTransformer, task: CompositeTask, n: 
     (its test-key reading is only logged); `composite_verdict` reads test keys, new pair and new
     keys at once."""
     gen = seeded_generator(seed + 1)
-    held = task.sample(n, gen, split="train", pair_ids=_held_out_pairs(task, n, gen))
+    held = task.sample(n, gen, split="train", pair_ids=held_out_pairs(task, n, gen))
     pred = predictions(model, held)[:, 0]
     rates = {a: round((pred == held.latents[a]).float().mean().item(), 4) for a in ("inferential", "symmetric")}
     return {"train_keys_inferential": rates["inferential"], "train_keys_symmetric": rates["symmetric"],
@@ -110,7 +109,7 @@ def held_out_other_answers(model: HookedTransformer, task: CompositeTask, n: int
     fresh test-key sequences and the trained pairs whose target is that offset (e.g. (4,4)'s
     x-16, a model that reads one anchor twice)."""
     gen = seeded_generator(seed + 2)
-    held = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen))
+    held = task.sample(n, gen, split="test", pair_ids=held_out_pairs(task, n, gen))
     return other_answers(predictions(model, held)[:, 0], held, task, top)
 
 
@@ -153,7 +152,7 @@ def _trained_pairs(task: CompositeTask, n: int, gen: torch.Generator) -> Tensor:
     return ids[torch.randint(len(ids), (n,), generator=gen)]
 
 
-def _held_out_pairs(task: CompositeTask, n: int, gen: torch.Generator) -> Tensor:
+def held_out_pairs(task: CompositeTask, n: int, gen: torch.Generator) -> Tensor:
     ids = task.is_held_out.nonzero()[:, 0]
     if len(ids) == 0:
         raise ValueError("the task has no held-out pair; set task.held_out")
@@ -207,7 +206,7 @@ def anchor_order_sensitivity(model: HookedTransformer, task: CompositeTask, key_
     Where the pair ends the sequence, anchor 2 is the last token, and its own token changes under
     the swap, so the ratio there is large by construction."""
     gen = seeded_generator(seed)
-    batch = task.sample(n, gen, split="test", pair_ids=_held_out_pairs(task, n, gen), key_pos=key_pos)
+    batch = task.sample(n, gen, split="test", pair_ids=held_out_pairs(task, n, gen), key_pos=key_pos)
     pairs, mirror = torch.tensor(task.pairs), task.mirror
     pair = batch.latents["pair"]
     if (mirror[pair] == pair).any():
@@ -382,7 +381,7 @@ def _composite_circuit_findings(verdict: CompositeVerdict, circuit: Circuit, lab
                                 planted: set[str]) -> CompositeVerdict:
     """The route to the answer: the circuit's longest path to the logits."""
     chains = chains_to_logits(circuit.edges)
-    route = _named_chain(chains[0], labels, planted) if chains else "no circuit edge reaches the logits"
+    route = named_chain(chains[0], labels, planted) if chains else "no circuit edge reaches the logits"
     return dataclasses.replace(verdict, route=route)
 
 
@@ -462,8 +461,33 @@ def composite_summary(record: dict[str, Any]) -> dict[str, Any] | None:
     return {"label": "unlearned" if rates["seen"] < SEEN_ACCURACY_TO_COUNT else "-", "rates": rates}
 
 
-register_analysis("composite", TaskAnalysis(
-    _composite_findings, lambda verdict: verdict.verdict, _composite_verdict_html, _composite_probes_html,
-    lambda run: composite_curves(run.metrics),
-    "Seen-pair accuracy on test keys, and the answers on the held-out pair.", _composite_circuit_findings,
-    timeline_panels=composite_timeline_panels, summary=composite_summary, verdict_rates=composite_verdict_rates))
+class CompositeAnalysis(TaskAnalysis):
+    curves_caption = "Seen-pair accuracy on test keys, and the answers on the held-out pair."
+
+    def findings(self, run: LoadedRun, seed: int) -> tuple[CompositeProbeMap, CompositeVerdict]:
+        return _composite_findings(run, seed)
+
+    def headline(self, verdict: CompositeVerdict) -> str:
+        return verdict.verdict
+
+    def verdict_html(self, verdict: dict[str, Any]) -> str:
+        return _composite_verdict_html(verdict)
+
+    def probes_html(self, probes: dict[str, Any]) -> str:
+        return _composite_probes_html(probes)
+
+    def curves(self, run: LoadedRun) -> plt.Figure:
+        return composite_curves(run.metrics)
+
+    def circuit_findings(self, verdict: CompositeVerdict, circuit: Circuit, labels: dict[str, str],
+                         planted: set[str]) -> CompositeVerdict:
+        return _composite_circuit_findings(verdict, circuit, labels, planted)
+
+    def timeline_panels(self, verdict: dict[str, Any]) -> dict[str, dict[str, float]]:
+        return composite_timeline_panels(verdict)
+
+    def summary(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        return composite_summary(record)
+
+    def verdict_rates(self, verdict: dict[str, Any]) -> dict[str, float]:
+        return composite_verdict_rates(verdict)

@@ -1,7 +1,7 @@
 """LEGO's analysis as `workbench analyze` runs it: the findings (the verdict, `lego_verdict.py`;
 the probe map of information percolation, `lego_probes.py`), the for-loop evidence of the
-circuit graph, and the report's sections and curves, registered with
-`interp.analysis.register_analysis` at the end of the file. Also what the LEGO studies
+circuit graph, and the report's sections and curves: `LegoAnalysis`, at the end of the file,
+which interp/tasks/__init__.py lists. Also what the LEGO studies
 (analyses/studies/lego.py) read from one model: how its last variable is computed (the shortcut),
 and their figures and tables. Why a model sits on the #2 plateau (analyses/research/plateau.py) is
 `lego_plateau.py`'s; the presets and curricula are `lego_presets.py`'s.
@@ -22,17 +22,15 @@ import torch
 from transformer_lens import HookedTransformer
 
 from interp import plots
-from interp.analysis import TaskAnalysis, _named_chain, register_analysis
 from interp.attention import attention_patterns, mass_on_keys
 from interp.circuit import Circuit, chains_to_logits, loop_steps
+from interp.head_evidence import ShareProbe
 from interp.patching import logit_diff_metric, patch_head_out
 from interp.report import figure_html, table_html
 from interp.report_format import or_never, rate
+from interp.task_analysis import TaskAnalysis, named_chain
 from interp.tasks.lego_heads import lego_share_probe
-from interp.tasks.lego_plateau import hop_pull as hop_pull  # re-exported: analyses/research/plateau.py
-from interp.tasks.lego_plateau import parent_element_split as parent_element_split  # re-exported, as hop_pull
 from interp.tasks.lego_probes import ProbeMap, lego_probe_map, percolation_findings, percolation_summary
-from interp.tasks.lego_probes import resolved_depths as resolved_depths  # re-exported: analyses/studies/lego.py
 from interp.tasks.lego_verdict import (
     LegoVerdict,
     lego_parity_rules,
@@ -43,9 +41,6 @@ from interp.tasks.lego_verdict import (
     lego_verdict_rates,
     rule_findings,
 )
-from interp.tasks.lego_verdict import extrapolates as extrapolates  # re-exported: analyses/studies/lego.py
-from interp.tasks.lego_verdict import last_learned_before_middle as last_learned_before_middle  # re-exported
-from interp.tasks.lego_verdict import learned_steps as learned_steps  # re-exported: analyses/studies/lego.py
 from models.runs import LoadedRun
 from tasks import LegoTask, seeded_generator
 
@@ -126,11 +121,11 @@ def _lego_circuit_findings(verdict: LegoVerdict, circuit: Circuit, labels: dict[
     if looping:
         chain, steps = looping[0]
         line = (f"circuit: {len(steps)} for-loop step(s), association and manipulation heads in consecutive layers on "
-                f"a path to the logits: {_named_chain(chain, labels, planted)}")
+                f"a path to the logits: {named_chain(chain, labels, planted)}")
     elif chains:
         chain = chains[0]
         line = (f"circuit: no path to the logits passes from an association head to a manipulation head in the next "
-                f"layer or back; longest path: {_named_chain(chain, labels, planted)}")
+                f"layer or back; longest path: {named_chain(chain, labels, planted)}")
     else:
         chain, line = [], "circuit: no path patching edge of the circuit reaches the logits"
     return dataclasses.replace(verdict, circuit_chain=chain, findings_from_circuit=[line])
@@ -214,8 +209,40 @@ def _lego_curves(run: LoadedRun) -> plt.Figure:
     return lego_curves(run.metrics, run.task.supervised_slots())
 
 
-register_analysis("lego", TaskAnalysis(
-    lego_findings, lambda verdict: json.dumps(verdict.findings), _lego_verdict_html, _lego_probes_html,
-    _lego_curves, "Solid: supervised variables; dashed: not supervised (extrapolation).", _lego_circuit_findings,
-    planted_note=PLANTED_NOTE, verdict_label=lego_verdict_label, timeline_panels=lego_timeline_panels,
-    summary=lego_summary, verdict_rates=lego_verdict_rates, share_probe=lego_share_probe))
+class LegoAnalysis(TaskAnalysis):
+    curves_caption = "Solid: supervised variables; dashed: not supervised (extrapolation)."
+    planted_note = PLANTED_NOTE
+
+    def findings(self, run: LoadedRun, seed: int) -> tuple[ProbeMap, LegoVerdict]:
+        return lego_findings(run, seed)
+
+    def headline(self, verdict: LegoVerdict) -> str:
+        return json.dumps(verdict.findings)
+
+    def verdict_html(self, verdict: dict[str, Any]) -> str:
+        return _lego_verdict_html(verdict)
+
+    def probes_html(self, probes: dict[str, Any]) -> str:
+        return _lego_probes_html(probes)
+
+    def curves(self, run: LoadedRun) -> plt.Figure:
+        return _lego_curves(run)
+
+    def circuit_findings(self, verdict: LegoVerdict, circuit: Circuit, labels: dict[str, str],
+                         planted: set[str]) -> LegoVerdict:
+        return _lego_circuit_findings(verdict, circuit, labels, planted)
+
+    def verdict_label(self, verdict: dict[str, Any]) -> str:
+        return lego_verdict_label(verdict)
+
+    def timeline_panels(self, verdict: dict[str, Any]) -> dict[str, dict[str, float]]:
+        return lego_timeline_panels(verdict)
+
+    def summary(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        return lego_summary(record)
+
+    def verdict_rates(self, verdict: dict[str, Any]) -> dict[str, float]:
+        return lego_verdict_rates(verdict)
+
+    def share_probe(self, run: LoadedRun, seed: int) -> ShareProbe:
+        return lego_share_probe(run, seed)

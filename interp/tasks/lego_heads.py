@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from interp.head_evidence import PairSet, ShareProbe
 from interp.patching import logit_diff_metric
+from interp.task_analysis import default_share_probe
 from models.runs import LoadedRun
 from tasks import seeded_generator
 
@@ -33,8 +34,6 @@ def hop_probe(run: LoadedRun, seed: int = 0, n_pairs: int = 64) -> ShareProbe:
 def lego_share_probe(run: LoadedRun, seed: int = 0) -> ShareProbe:
     """The hop probe where the task supervises three variables or more; else the patching
     section's own pairs."""
-    from interp.analysis import default_share_probe
-
     supervised = sum(run.task.supervised_slots())
     return hop_probe(run, seed) if supervised >= 3 else default_share_probe(run, seed)
 

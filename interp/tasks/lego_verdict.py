@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer
 
-from interp.analysis import predictions, without_unset
+from interp.task_analysis import predictions, without_unset
 from models.runs import LoadedRun
 from tasks import LegoTask, seeded_generator
 

@@ -1,6 +1,7 @@
 """Modular sum's analysis (the toy task of tasks/modsum.py; these two files are all there is of it):
 a verdict from test accuracy, the training curves, and `modsum-cpu`, its default preset. No probe
-map. Registered with `interp.analysis.register_analysis` at the end of the file.
+map. `ModsumAnalysis` is listed in interp/tasks/__init__.py; the preset is registered at the end
+of the file.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import matplotlib.pyplot as plt
 from transformer_lens import HookedTransformer
 
 from interp import plots
-from interp.analysis import TaskAnalysis, predictions, register_analysis
-from interp.analysis_html import table_verdict_html
+from interp.report_format import table_verdict_html
+from interp.task_analysis import TaskAnalysis, predictions
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import register_preset
 from models.runs import LoadedRun
@@ -68,7 +69,20 @@ def modsum_cpu() -> RunConfig:
     )
 
 
-register_analysis("modsum", TaskAnalysis(
-    _findings, lambda verdict: f"{verdict.verdict} (test accuracy {verdict.accuracy}, chance {verdict.chance})",
-    table_verdict_html, None, lambda run: modsum_curves(run.metrics), "Test accuracy on fresh sums, and loss."))
+class ModsumAnalysis(TaskAnalysis):
+    curves_caption = "Test accuracy on fresh sums, and loss."
+
+    def findings(self, run: LoadedRun, seed: int) -> tuple[None, ModsumVerdict]:
+        return _findings(run, seed)
+
+    def headline(self, verdict: ModsumVerdict) -> str:
+        return f"{verdict.verdict} (test accuracy {verdict.accuracy}, chance {verdict.chance})"
+
+    def verdict_html(self, verdict: dict[str, Any]) -> str:
+        return table_verdict_html(verdict)
+
+    def curves(self, run: LoadedRun) -> plt.Figure:
+        return modsum_curves(run.metrics)
+
+
 register_preset("modsum-cpu", modsum_cpu, default_for="modsum")

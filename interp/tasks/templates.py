@@ -1,7 +1,7 @@
 """The templates task's analysis: the verdict (accuracy on strings of training symbols and of
 symbols never seen in training: generalises, memorises or unlearned), the report's curves, and
-`templates-cpu` as the task's default preset. No probe map. Registered with
-`interp.analysis.register_analysis` and `models.presets.register_preset` at the end of the file.
+`templates-cpu` as the task's default preset. No probe map. `TemplatesAnalysis` is listed in
+interp/tasks/__init__.py; the preset is registered at the end of the file.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import matplotlib.pyplot as plt
 from transformer_lens import HookedTransformer
 
 from interp import plots
-from interp.analysis import TaskAnalysis, predictions, register_analysis
-from interp.analysis_html import table_verdict_html
+from interp.report_format import table_verdict_html
+from interp.task_analysis import TaskAnalysis, predictions
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import register_preset
 from models.runs import LoadedRun
@@ -71,10 +71,24 @@ def templates_cpu() -> RunConfig:
     )
 
 
-register_analysis("templates", TaskAnalysis(
-    _templates_findings, lambda verdict: f"{verdict.verdict} (accuracy per symbol split {verdict.accuracy})",
-    table_verdict_html, None, lambda run: templates_curves(run.metrics),
-    "Accuracy on strings of test symbols, never seen in training.",
-    timeline_panels=lambda verdict: {"error per symbol split": {f"{split} error": round(1 - acc, 4)
-                                                                for split, acc in verdict["accuracy"].items()}}))
+class TemplatesAnalysis(TaskAnalysis):
+    curves_caption = "Accuracy on strings of test symbols, never seen in training."
+
+    def findings(self, run: LoadedRun, seed: int) -> tuple[None, TemplatesVerdict]:
+        return _templates_findings(run, seed)
+
+    def headline(self, verdict: TemplatesVerdict) -> str:
+        return f"{verdict.verdict} (accuracy per symbol split {verdict.accuracy})"
+
+    def verdict_html(self, verdict: dict[str, Any]) -> str:
+        return table_verdict_html(verdict)
+
+    def curves(self, run: LoadedRun) -> plt.Figure:
+        return templates_curves(run.metrics)
+
+    def timeline_panels(self, verdict: dict[str, Any]) -> dict[str, dict[str, float]]:
+        return {"error per symbol split": {f"{split} error": round(1 - acc, 4)
+                                           for split, acc in verdict["accuracy"].items()}}
+
+
 register_preset("templates-cpu", templates_cpu, default_for="templates")

@@ -238,7 +238,8 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     falls back to 0.38 at 7 of the 8 heads, so it keeps all 8 where "first" kept 2, and edges
     among them where 9f7496e's circuit needed none (its empty list gives no item shape: the
     (sender, receiver, value) triples are pinned by the composite file)."""
-    from interp.analysis import SCHEMA, analyze_run, read_analysis, write_analysis
+    from interp.analysis import analyze_run, write_analysis
+    from interp.analysis_file import SCHEMA, read_analysis
     from interp.attention import HEAD_KINDS, HeadScores
     from interp.circuit import Circuit
     from interp.patching import PatchResult
@@ -315,7 +316,7 @@ def test_a_schema_1_analysis_json_is_read_upgraded_and_renders(tmp_path, task):
     """analysis.json files written before the schema key (tests/data, 9f7496e) read as the current
     schema, every value of theirs kept, and render every section; so do the first writers' files,
     which lack the later fields."""
-    from interp.analysis import SCHEMA, read_analysis, upgraded
+    from interp.analysis_file import SCHEMA, read_analysis, upgraded
 
     before = json.loads((DATA / f"analysis-9f7496e-{task}.json").read_text())
     (tmp_path / "analysis.json").write_text(json.dumps(before))
@@ -359,7 +360,7 @@ def _sections(analysis):
                                           ("2", "holds schema='2', which is no version of analysis.json (1 to 3)"),
                                           (0, "holds schema=0")])
 def test_an_analysis_json_of_a_newer_or_no_schema_is_refused_naming_the_file_and_the_versions(tmp_path, schema, says):
-    from interp.analysis import SCHEMA, read_analysis
+    from interp.analysis_file import SCHEMA, read_analysis
     from models.runs import RunFolderError
 
     assert SCHEMA == 3  # the messages above name it

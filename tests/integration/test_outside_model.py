@@ -19,7 +19,8 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from interp.outside import PromptPairs, analyze_model, scalar_metric
+from interp.outside import PromptPairs, analyze_model
+from interp.outside_prompts import scalar_metric
 from interp.patching import attribute_head_out, patch_head_out, patch_residual
 from interp.paths import check_path_patchable, path_patch
 from interp.toy_induction import hand_set_induction_model, induction_prompt_pairs
@@ -192,7 +193,7 @@ def test_a_refused_option_is_named_and_everything_else_still_runs():
 
 @pytest.mark.parametrize("options", [{"n_key_value_heads": 1}, {"positional_embedding_type": "shortformer"},
                                      {"parallel_attn_mlp": True}], ids=lambda options: next(iter(options)))
-def test_options_path_patching_once_refused_now_get_edges(options):
+def test_options_that_path_patching_handles_get_edges(options):
     """Grouped key/value heads, shortformer positions and parallel attention and MLP: path
     patching and edge ablation equal their slow references there (tests/unit/test_model_options.py)."""
     analysis = analyze_model(random_model(**options), TINY_PAIRS)
@@ -293,3 +294,23 @@ def test_the_induction_threshold_is_the_measured_midpoint_between_random_heads_a
     measured = calibrate_induction()
     assert measured["random_max"] < OUTSIDE_THRESHOLDS["induction"] < measured["hand_set"]
     assert measured["threshold"] == OUTSIDE_THRESHOLDS["induction"]
+
+
+def test_a_model_with_nan_weights_is_analysed_and_said_to_be_undefined(tmp_path, capsys):
+    """analyze-model on a model whose weights hold NaN writes its analysis and report (exit 0, not
+    an unexpected error), and says in both and on stdout which weights, and that every number is undefined."""
+    from analyses.cli import main
+
+    factory = tmp_path / "nan_model.py"
+    factory.write_text("import runpy, torch\n"
+                       f"build_induction = runpy.run_path({str(ROOT / 'analyses' / 'examples' / 'induction.py')!r})"
+                       "['build']\n"
+                       "def build():\n    model = build_induction()\n"
+                       "    with torch.no_grad():\n        model.embed.W_E.fill_(float('nan'))\n    return model\n")
+    out = tmp_path / "out"
+    assert main(["analyze-model", "--model", f"{factory}:build", "--prompts",
+                 str(ROOT / "analyses" / "examples" / "induction_pairs.json"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("warning: the model's weights hold NaN or infinity (1 tensors: embed.W_E)")
+    assert json.loads((out / "analysis.json").read_text())["model"]["non_finite_weights"] == ["embed.W_E"]
+    assert "every number measured on it is undefined" in (out / "report.html").read_text()

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from analyses.cli import main
-from analyses.runners.sweep import CellResult, _run_pool, run_cells
+from analyses.runners.cell import CellResult
+from analyses.runners.sweep import _run_pool, run_cells
 from tests.helpers import tiny_composite_run
 
 TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12",

@@ -1,5 +1,6 @@
 """A task is a plugin: the toy modular-sum task is two files, tasks/modsum.py (data) and
-interp/tasks/modsum.py (analysis, default preset), named nowhere else, and `workbench train`,
+interp/tasks/modsum.py (analysis, default preset), and one line in each room's list of tasks
+(tasks/__init__.py; interp/tasks/__init__.py, its import and its entry), named nowhere else; and `workbench train`,
 `analyze` and `report` take it like any built-in task, and so does a sweep's page."""
 
 import json
@@ -11,6 +12,7 @@ from analyses.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 TOY = "modsum"
 TOY_FILES = {Path("tasks") / f"{TOY}.py", Path("interp") / "tasks" / f"{TOY}.py"}
+TASK_LISTS = {Path("tasks") / "__init__.py": 1, Path("interp") / "tasks" / "__init__.py": 2}  # lines naming it: import, entry
 TINY = ["--set", "train.steps=12", "--set", "train.batch_size=16", "--set", "train.eval_every=6",
         "--set", "train.eval_size=64", "--set", "train.warmup_steps=2", "--no-progress"]
 
@@ -61,14 +63,17 @@ def test_an_unknown_task_is_exit_2_naming_the_registered_ones(tmp_path, capsys):
 
 
 def test_no_other_python_file_names_the_toy_task():
-    """Adding the task touched its two files and nothing else: no list, dict or import elsewhere."""
+    """Adding the task touched its two files and the lists of tasks, nothing else."""
     this = Path(__file__).resolve()
-    naming = []
+    naming, lines = [], {}
     for folder, subfolders, files in os.walk(ROOT):
         subfolders[:] = [d for d in subfolders if not d.startswith(".") and d != "__pycache__"
                          and not d.endswith(".egg-info")]
         for name in files:
             path = Path(folder) / name
-            if name.endswith(".py") and path.resolve() != this and TOY in path.read_text(errors="replace"):
+            text = path.read_text(errors="replace") if name.endswith(".py") else ""
+            if path.resolve() != this and TOY in text:
                 naming.append(path.relative_to(ROOT))
-    assert set(naming) == TOY_FILES, f"files naming {TOY!r}: {sorted(map(str, naming))}"
+                lines[path.relative_to(ROOT)] = sum(TOY in line for line in text.splitlines())
+    assert set(naming) == TOY_FILES | set(TASK_LISTS), f"files naming {TOY!r}: {sorted(map(str, naming))}"
+    assert {path: lines[path] for path in TASK_LISTS} == TASK_LISTS

@@ -12,8 +12,8 @@ from analyses.cli import main
 from analyses.runners.sweep import run_cells
 from analyses.studies.lego_pool import TINY_CURRICULUM
 from models.curriculum import train_curriculum
-from models.runs import ERROR_LOG, REPORT, TIMELINE, load_run, verified_weights
-from models.snapshots import INDEX, SNAPSHOTS, read_index, read_snapshot, scheduled_steps
+from models.runs import ERROR_LOG, REPORT, SNAPSHOTS, TIMELINE, load_run, verified_weights
+from models.snapshots import INDEX, read_index, read_snapshot, scheduled_steps
 from models.train import Trainer
 from tests.helpers import kill_then_resume, tiny_composite_run, tiny_lego_run
 

@@ -9,8 +9,8 @@ import torch
 from analyses.zoo import KEPT_FILES, ZOO, status, zoo_path
 from interp.attention import classify_heads
 from interp.tasks.composite import composite_verdict
-from interp.tasks.lego import lego_parity_rules
 from interp.tasks.lego_heads import hop_effects
+from interp.tasks.lego_verdict import lego_parity_rules
 from models.runs import TRAIN_STATE, load_run
 from tasks import seeded_generator
 from tests.helpers import held_out_rates_by_hand

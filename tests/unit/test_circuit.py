@@ -272,12 +272,13 @@ def test_pruning_tries_edges_weakest_path_effect_first_and_keeps_those_it_cannot
 
 def test_circuit_chains_mark_planted_heads_including_every_layers():
     """"*.0" plants head 0 of every layer: each is marked planted where a chain names it."""
-    from interp.analysis import _named_chain, _planted_names
+    from interp.analysis import _planted_names
+    from interp.task_analysis import named_chain
     from interp.attention import HeadScores
 
     heads = HeadScores(torch.zeros(4, 3, 2), [["a", "b"], ["c", "d"], ["e", "f"]], {})
     planted = _planted_names({"*.0": "broadcast", "1.1": "association"}, heads)
     assert planted == {"L0H0", "L1H0", "L2H0", "L1H1"}
-    chain = _named_chain(["L0H1", "L1H1", "L2H0", "logits"], {"L0H1": "mixed", "L1H1": "association", "L2H0": "c"},
+    chain = named_chain(["L0H1", "L1H1", "L2H0", "logits"], {"L0H1": "mixed", "L1H1": "association", "L2H0": "c"},
                          planted)
     assert chain == "L0H1 (mixed) -> L1H1 (association, planted) -> L2H0 (c, planted) -> logits"

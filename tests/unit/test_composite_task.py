@@ -118,7 +118,7 @@ def test_last_attention_patch_takes_the_donor_rows_at_the_last_position_of_the_n
     embedding plus layer 0's attention output there. Patching that output from a donor that
     differs only at the anchors gives exactly the donor's answers; patching the silent layer 1
     leaves the clean ones."""
-    from interp.analysis import predictions
+    from interp.task_analysis import predictions
     from interp.tasks.composite import _trained_pairs, last_attention_patched
 
     model, task = _uniform_reader(n_layers=2, positions=True)

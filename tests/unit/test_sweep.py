@@ -92,9 +92,9 @@ def test_a_cell_whose_folder_another_process_writes_is_waited_for_then_failed_no
     import subprocess
     import sys
 
-    import analyses.runners.sweep as sweep
+    import analyses.runners.cell as cells
 
-    monkeypatch.setattr(sweep, "LOCK_GRACE_S", 0.3)
+    monkeypatch.setattr(cells, "LOCK_GRACE_S", 0.3)
     cell = tmp_path / "seed=0"
     cell.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
@@ -103,7 +103,7 @@ def test_a_cell_whose_folder_another_process_writes_is_waited_for_then_failed_no
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        result = sweep.train_cell("seed=0", tiny_composite_run().to_dict(), str(cell))
+        result = cells.train_cell("seed=0", tiny_composite_run().to_dict(), str(cell))
     finally:
         holder.kill()
         holder.wait()

@@ -155,7 +155,7 @@ def test_the_docs_list_the_task_contract_as_the_code_holds_it():
 
 
 def test_the_docs_list_the_analysis_contract_as_the_code_holds_it():
-    from interp.analysis import ANALYSIS_DOC_SECTION, analysis_contract
+    from interp.task_analysis import ANALYSIS_DOC_SECTION, analysis_contract
 
     rows = re.findall(r"^\| `(\w+)` \| (yes|no) \|", _section(TASKS_DOC, "The analysis contract"), re.MULTILINE)
     assert {name: flag == "yes" for name, flag in rows} == analysis_contract()
@@ -171,24 +171,37 @@ def test_contributing_points_to_the_contract_instead_of_repeating_it():
 
 @pytest.mark.parametrize("change, message", [
     ({"curves_caption": " "}, "`curves_caption` is ' '; it must be a non-empty string"),
-    ({"findings": None}, "`findings` is None; it must be a function"),
-    ({"summary": "acc"}, "`summary` is 'acc'; it must be a function or None"),
+    ({"findings": None}, "`findings` is None; it must be a method"),
+    ({"summary": "acc"}, "`summary` is 'acc'; it must be a method"),
 ])
-def test_a_broken_analysis_is_refused_naming_the_task_the_field_and_the_doc(change, message, monkeypatch):
+def test_a_broken_analysis_is_refused_naming_the_task_the_member_and_the_doc(change, message):
     import copy
 
-    import interp.analysis
-    from interp.analysis import ANALYSIS_DOC_SECTION, analysed_tasks, register_analysis, task_analysis
+    from interp.task_analysis import ANALYSIS_DOC_SECTION, check_analysis
+    from interp.tasks import ANALYSES
 
-    good = task_analysis(analysed_tasks()[0])  # every module of interp/tasks imported, before the registry is copied
-    monkeypatch.setattr(interp.analysis, "TASK_ANALYSES", dict(interp.analysis.TASK_ANALYSES))
-    broken = copy.copy(good)
-    for field, value in change.items():  # past the dataclass's own type check, which only the tests run
-        object.__setattr__(broken, field, value)
+    broken = copy.copy(next(iter(ANALYSES.values())))
+    for member, value in change.items():
+        setattr(broken, member, value)
     with pytest.raises(TaskContractError) as err:
-        register_analysis("parity", broken)
+        check_analysis("parity", broken)
     assert str(err.value) == f"the analysis of task 'parity': {message} (see {ANALYSIS_DOC_SECTION})"
-    assert "parity" not in analysed_tasks()
+
+
+def test_an_analysis_without_a_required_method_cannot_be_made_and_one_of_another_kind_is_refused():
+    from interp.task_analysis import TaskAnalysis, check_analysis
+
+    class NoCurves(TaskAnalysis):
+        curves_caption = "accuracy"
+
+        def findings(self, run, seed): ...
+        def headline(self, verdict): ...
+        def verdict_html(self, verdict): ...
+
+    with pytest.raises(TypeError, match="curves"):
+        NoCurves()
+    with pytest.raises(TaskContractError, match="TaskAnalysis subclass, not dict"):
+        check_analysis("parity", {"findings": print})
 
 
 @pytest.mark.parametrize("task_cls, member", [(NoSymbolMask, "no `symbol_mask`"),
@@ -212,6 +225,17 @@ def test_workbench_train_refuses_a_broken_task_at_once_with_status_2(registry, t
     assert not out.exists()  # refused before the run folder was made: nothing trained
 
 
+def _finding(found):
+    """The composite task's analysis, its findings replaced by `found`."""
+    import copy
+
+    from interp.tasks import task_analysis
+
+    steps = copy.copy(task_analysis("composite"))
+    steps.findings = lambda run, seed: found
+    return steps
+
+
 class _Written:
     def to_dict(self) -> dict:
         return {"verdict": "learned"}
@@ -223,24 +247,20 @@ class _Written:
 def test_findings_that_cannot_be_written_are_the_tasks_error_naming_it(found, what):
     """An analysis whose verdict (or probe map) has no to_dict() fails `workbench analyze` as a
     configuration error naming the task and the doc section, not as the workbench's unexpected error."""
-    from types import SimpleNamespace
-
     from interp.analysis import task_findings
     from models.runs import load_run
 
     run = load_run(ROOT / "zoo" / "composite-inferential")
-    steps = SimpleNamespace(findings=lambda run, seed: found)
+    steps = _finding(found)
     with pytest.raises(TaskContractError, match="docs/tasks.md, 'The analysis contract'") as err:
         task_findings(steps, run, 0)
     assert str(err.value).startswith(f"task 'composite': its analysis's findings gave {what}")
 
 
 def test_findings_that_write_themselves_pass_unchanged():
-    from types import SimpleNamespace
-
     from interp.analysis import task_findings
     from models.runs import load_run
 
     run = load_run(ROOT / "zoo" / "composite-inferential")
     verdict = _Written()
-    assert task_findings(SimpleNamespace(findings=lambda run, seed: (None, verdict)), run, 0) == (None, verdict)
+    assert task_findings(_finding((None, verdict)), run, 0) == (None, verdict)
