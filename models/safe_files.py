@@ -104,8 +104,19 @@ def writer_pid(run_dir: str | Path) -> str | None:
 
 
 def _holder(fd: int) -> str:
-    """The pid a lock file holds (written by its holder in `_acquire`)."""
-    return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+    """The pid a lock file names (written by its holder in `_acquire`), where that process is
+    alive; else "unknown", with the pid the file names: another program holds the lock and the
+    file still names a writer that has gone."""
+    text = os.read(fd, 64).decode(errors="replace").strip()
+    if not text.isdigit():
+        return "unknown"
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return f"unknown; the lock file names pid {text}, which is not running"
+    except (PermissionError, OverflowError, ValueError):  # alive under another user; or no pid at all
+        pass
+    return text
 
 
 def _acquire_within(path: Path, wait: float) -> int:

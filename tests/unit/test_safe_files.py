@@ -126,3 +126,22 @@ def test_finite_json_replaces_nan_and_infinity_by_null_and_says_where():
     assert where == [["a", 1], ["b", "c"]]
     back = nan_at(json.loads(json.dumps(value, allow_nan=False)), where + [["e", 0], ["zz"], "bad"])
     assert math.isnan(back["a"][1]) and math.isnan(back["b"]["c"]) and back["e"] is None and back["a"][0] == 1.0
+
+
+def test_a_lock_held_by_another_program_does_not_name_a_dead_writer_as_its_holder(tmp_path):
+    """Another program holds the folder's lock file, which still names a writer that has gone:
+    the refusal says the holder is unknown and that the named pid is not running."""
+    dead = _dead_pid()
+    (tmp_path / LOCK).write_text(f"{dead}\n")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                               "f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)\n"
+                               "time.sleep(30)", str(tmp_path / LOCK)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        busy = rf"pid unknown; the lock file names pid {dead}, which is not running"
+        with pytest.raises(RunFolderError, match=busy), run_lock(tmp_path):
+            pass
+        assert writer_pid(tmp_path).startswith("unknown")
+    finally:
+        holder.kill()
+        holder.wait()
