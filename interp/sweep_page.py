@@ -33,6 +33,9 @@ NO_VERDICT = ("failed", "damaged", "pending")  # statuses whose cells add no ver
 UNFINISHED = ("running", "partial")  # a verdict of these cells is provisional
 NO_VERDICT_COLOUR = "#dddddd"
 MAX_RATES_IN_CELL = 3  # more rates than this are left to the heatmap of rates
+MAX_WRITTEN_SQUARES = 400  # squares per panel the grid figure writes text in; more are drawn small, colour only
+SMALL_SQUARE_INCHES = 0.12
+MAX_RATE_ROWS = 200  # runs the heatmap of rates draws; more are listed in the Cells table only
 HIDDEN_FINAL = ("step", "lr", "elapsed_s", "diverged")  # last-evaluation fields the cells table leaves out
 
 
@@ -60,17 +63,30 @@ def facet_points(grid: dict[str, list[Any]], facets: list[str]) -> list[dict[str
 
 def group_cells(cells: list[Cell], grid: dict[str, list[Any]], axes: dict[str, Any]) -> list[dict[str, Any]]:
     """One group per facet point and (x, y) value: its runs (the seeds), their majority verdict
-    with k of n, the mean of each rate over the runs that have it, and the runs' statuses."""
+    with k of n, the mean of each rate over the runs that have it, and the runs' statuses. Each
+    cell is placed once, by its values of the drawn keys (linear in the cells)."""
     xs = grid[axes["x"]] if axes["x"] else [None]
     ys = grid[axes["y"]] if axes["y"] else [None]
+    drawn = _drawn_keys(axes)
+    by_place: dict[str, list[Cell]] = {}
+    for cell in cells:
+        by_place.setdefault(_place({key: cell.point.get(key) for key in drawn}), []).append(cell)
     groups = []
     for facet in facet_points(grid, axes["facets"]):
         for y in ys:
             for x in xs:
                 where = {**facet, **({axes["x"]: x} if axes["x"] else {}), **({axes["y"]: y} if axes["y"] else {})}
-                runs = [c for c in cells if all(_same(c.point.get(k), v) for k, v in where.items())]
-                groups.append({"facet": facet, "x": x, "y": y, **_majority(runs)})
+                groups.append({"facet": facet, "x": x, "y": y, **_majority(by_place.get(_place(where), []))})
     return groups
+
+
+def _drawn_keys(axes: dict[str, Any]) -> list[str]:
+    return [*axes["facets"], *(key for key in (axes["x"], axes["y"]) if key)]
+
+
+def _place(values: dict[str, Any]) -> str:
+    """A square's key: its values of the drawn keys as JSON, compared as `_same` compares values."""
+    return json.dumps(dict(sorted(values.items())), sort_keys=True)
 
 
 def _majority(runs: list[Cell]) -> dict[str, Any]:
@@ -127,11 +143,15 @@ def grid_figure(page: dict[str, Any]) -> plt.Figure:
     ys = grid[axes["y"]] if axes["y"] else [None]
     facets = facet_points(grid, axes["facets"])
     colours = label_colours(groups)
+    written = len(xs) * len(ys) <= MAX_WRITTEN_SQUARES  # else small squares, colour only (the table has the text)
+    square = (1.9, 1.0) if written else (SMALL_SQUARE_INCHES, SMALL_SQUARE_INCHES)
     fig, panels = plt.subplots(len(facets), 1, squeeze=False,
-                               figsize=(2.0 + 1.9 * len(xs), (1.0 + 1.0 * len(ys)) * len(facets)))
+                               figsize=(2.0 + square[0] * len(xs), (1.0 + square[1] * len(ys)) * len(facets)))
+    by_facet: dict[str, list[dict[str, Any]]] = {}
+    for group in groups:
+        by_facet.setdefault(_place(group["facet"]), []).append(group)
     for ax, facet in zip(panels[:, 0], facets):
-        mine = [g for g in groups if _same(g["facet"], facet)]
-        _draw_panel(ax, mine, xs, ys, colours)
+        _draw_panel(ax, by_facet.get(_place(facet), []), xs, ys, colours, written)
         ax.set(xticks=range(len(xs)) if axes["x"] else [], xticklabels=[_value(v) for v in xs] if axes["x"] else [],
                yticks=range(len(ys)) if axes["y"] else [], yticklabels=[_value(v) for v in ys] if axes["y"] else [],
                xlabel=axes["x"] or "", ylabel=axes["y"] or "",
@@ -144,14 +164,16 @@ def grid_figure(page: dict[str, Any]) -> plt.Figure:
 
 
 def _draw_panel(ax: plt.Axes, groups: list[dict[str, Any]], xs: list[Any], ys: list[Any],
-                colours: dict[str, Any]) -> None:
+                colours: dict[str, Any], written: bool = True) -> None:
     image = np.ones((len(ys), len(xs), 3))
+    row, column = _positions(ys), _positions(xs)
     for group in groups:
-        i, j = _index(ys, group["y"]), _index(xs, group["x"])
+        i, j = row[_place({"v": group["y"]})], column[_place({"v": group["x"]})]
         colour = to_rgb(colours.get(group["label"], NO_VERDICT_COLOUR))
         image[i, j] = colour
         dark = 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2] < 0.55
-        ax.text(j, i, cell_text(group), ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
+        if written:
+            ax.text(j, i, cell_text(group), ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
     ax.imshow(image, origin="lower", aspect="auto")
 
 
@@ -168,8 +190,9 @@ def cell_text(group: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _index(values: list[Any], value: Any) -> int:
-    return next(i for i, v in enumerate(values) if _same(v, value))
+def _positions(values: list[Any]) -> dict[str, int]:
+    """An axis's values by their place key -> their position on the axis."""
+    return {_place({"v": value}): i for i, value in enumerate(values)}
 
 
 def _value(value: Any) -> str:
@@ -178,9 +201,9 @@ def _value(value: Any) -> str:
 
 def rates_figure(page: dict[str, Any]) -> plt.Figure | None:
     """Every run's deciding rates (rows: runs, columns: rates), values written where few enough;
-    None where no run has rates."""
+    None where no run has rates, or more than MAX_RATE_ROWS runs do (the Cells table lists them)."""
     cells = [c for c in page["cells"].values() if c["rates"]]
-    if not cells:
+    if not cells or len(cells) > MAX_RATE_ROWS:
         return None
     names = list(dict.fromkeys(name for c in cells for name in c["rates"]))
     values = np.array([[c["rates"].get(name, np.nan) for name in names] for c in cells])
@@ -256,6 +279,8 @@ def grid_table_html(page: dict[str, Any]) -> str:
     grid, axes = page["grid"], page["axes"]
     xs = grid[axes["x"]] if axes["x"] else [None]
     ys = grid[axes["y"]] if axes["y"] else [None]
+    by_place = {_place({**g["facet"], **({axes["x"]: g["x"]} if axes["x"] else {}),
+                        **({axes["y"]: g["y"]} if axes["y"] else {})}): g for g in page["groups"]}
     parts = []
     for facet in facet_points(grid, axes["facets"]):
         if facet:
@@ -264,8 +289,8 @@ def grid_table_html(page: dict[str, Any]) -> str:
         for y in reversed(ys):
             row = [html.escape(f"{axes['y']}={_value(y)}") if axes["y"] else ""]
             for x in xs:
-                group = next(g for g in page["groups"] if _same(g["facet"], facet) and _same(g["x"], x)
-                             and _same(g["y"], y))
+                group = by_place[_place({**facet, **({axes["x"]: x} if axes["x"] else {}),
+                                         **({axes["y"]: y} if axes["y"] else {})})]
                 head = html.escape(cell_text(group).replace("\n", "; "))
                 row.append(f"<div class='verdict-cell'><b>{head}</b></div>" +
                            "".join(_run_line(page["cells"][name], axes["seed"], page["folder"])
@@ -329,6 +354,9 @@ def _page_html(page: dict[str, Any]) -> str:
     figure = rates_figure(page)
     if figure is not None:
         report.add("Rates per run", figure_html(figure, "Each run's deciding rates (from its verdict's source)."))
+    elif sum(bool(c["rates"]) for c in page["cells"].values()) > MAX_RATE_ROWS:
+        report.add("Rates per run", f"<p>Not drawn for more than {MAX_RATE_ROWS} runs: the Cells table lists each "
+                                    "run's rates.</p>")
     report.add("Cells", cells_table_html(page))
     problems = [[html.escape(d["cell"]), html.escape(d["error"] or "")] for d in page["damaged"]]
     problems += [[html.escape(c["name"]), html.escape(c["error"] or "")] for c in page["cells"].values()

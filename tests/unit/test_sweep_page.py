@@ -57,3 +57,25 @@ def test_grid_values_reach_the_figures_as_text_not_mathtext():
     page = {"sweep": "s", "task": "composite", "preset": "p", "finished": True, "grid": grid, "axes": axes,
             "counts": {}, "groups": group_cells([], grid, axes), "cells": {}, "damaged": [], "notes": []}
     assert "<img" in page_html(page)
+
+
+def test_every_cell_lands_in_the_square_of_its_values_with_facets_and_mixed_value_types():
+    """Cells are placed by their values of the drawn keys (x, y, facets), as JSON compares them:
+    each square holds exactly the cells whose point matches it, whatever the value types."""
+    import json
+
+    grid = {"model.init_gamma": [0.3, 1, "a"], "train.lr": [1e-3, None], "model.act_fn": ["gelu", "relu"],
+            "train.seed": [0, 1]}
+    cells = [Cell(f"c{i}", {"model.init_gamma": g, "train.lr": lr, "model.act_fn": act, "train.seed": s}, "done",
+                  "inferential", "metrics.jsonl", 1, {})
+             for i, (g, lr, act, s) in enumerate((g, lr, act, s) for g in grid["model.init_gamma"]
+                                                 for lr in grid["train.lr"] for act in grid["model.act_fn"]
+                                                 for s in grid["train.seed"])]
+    axes = choose_axes(grid)
+    groups = group_cells(cells, grid, axes)
+    assert len(groups) == 3 * 2 * 2
+    assert sorted(name for g in groups for name in g["runs"]) == sorted(c.name for c in cells)
+    for group in groups:
+        where = {**group["facet"], axes["x"]: group["x"], axes["y"]: group["y"]}
+        expected = [c.name for c in cells if all(json.dumps(c.point[k]) == json.dumps(v) for k, v in where.items())]
+        assert group["runs"] == expected and group["n"] == 2
