@@ -6,7 +6,7 @@ import html
 from typing import Any
 
 from interp import plots
-from interp.circuit import circuit_svg
+from interp.circuit import CIRCUIT_LEGEND, circuit_svg
 from interp.circuit_spread import bootstrap_html
 from interp.head_evidence import head_evidence_html
 from interp.report import Report, figure_html, table_html
@@ -43,7 +43,11 @@ def analysis_sections(report: Report, analysis: dict[str, Any]) -> None:
                             ["layer", *[f"H{h}" for h in range(len(heads["labels"][0]))]])
                + head_evidence_html(heads))
     patching = analysis["patching"]
-    report.add("Activation patching", _patching_html(patching))
+    shares_on = (heads.get("evidence") or {}).get("pairs")
+    other_pairs = (f"<p class='note'>The labels table above reads each head's share on other pairs "
+                   f"({html.escape(shares_on)}), so a head can carry the answer there and show little here, or the "
+                   "reverse.</p>" if shares_on and shares_on != patching["pairs"] else "")
+    report.add("Activation patching", other_pairs + _patching_html(patching))
     paths = patching["paths"]  # None: an analysis written before path patching
     if paths is not None:
         report.add("Path patching", _paths_html(paths, heads["labels"]))
@@ -116,7 +120,16 @@ def _circuit_html(circuit: dict[str, Any], labels: list[list[str]]) -> str:
             f"corrupted input); heads join by |exact patching effect|, and the circuit is {html.escape(chosen)}."
             f"{html.escape(cross)} "
             f"{html.escape(_edges_sentence(circuit))}</p>" + circuit_svg(circuit, n_layers, n_heads, labels)
+            + f"<p class='legend'>{html.escape(CIRCUIT_LEGEND)}{_no_logit_edge(circuit)}</p>"
             + _curve_html(circuit) + _areas_html(circuit["areas"]) + bootstrap_html(circuit))
+
+
+def _no_logit_edge(circuit: dict[str, Any]) -> str:
+    """Where no drawn edge reaches the logits, why the logits box stands alone."""
+    if any(str(receiver) == "logits" for _, receiver, _ in circuit["edges"]):
+        return ""
+    return (" No drawn edge reaches the logits: no kept head's direct path to them is among the edges kept (how "
+            "edges are kept: above).")
 
 
 def _curve_html(circuit: dict[str, Any]) -> str:

@@ -406,13 +406,18 @@ def find_circuit(
     return circuit
 
 
+CIRCUIT_LEGEND = ("Orange: the heads kept in the circuit; grey: the others (each named with its label). A line is a "
+                  "path-patching edge, labelled with its effect, normalised (1 = the whole clean-corrupted "
+                  "difference) and, into a head, the input it reaches (q, k or v): blue raises the metric, red "
+                  "lowers it, and its width grows with the size of the effect (1 px, up to 9 px at 1).")
 PORT_AT = {"q": 0.35, "k": 0.5, "v": 0.65}  # where along an edge (sender 0, receiver 1) its port's label sits
 
 
 def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: list[list[str]] | None = None) -> str:
     """A layered drawing: heads by layer (layer 0 at the bottom, the logits on top), kept heads
-    filled and named with their label, path edges as lines whose width follows |effect|
-    (blue positive, red negative)."""
+    filled and named with their label, path edges as lines whose width follows |effect| (blue
+    positive, red negative), each labelled with its effect (and the receiver's q, k or v);
+    CIRCUIT_LEGEND says so on the page."""
     width, row, left = 140 + 110 * n_heads, 90, 90
     height = row * (n_layers + 1) + 40
     where = {head_name(layer, head): (left + 110 * head, height - 40 - row * layer)
@@ -431,10 +436,11 @@ def circuit_svg(circuit: dict[str, Any], n_layers: int, n_heads: int, labels: li
         parts.append(f"<line x1='{x1}' y1='{y1}' x2='{x2}' y2='{y2}' stroke='{colour}' stroke-opacity='0.7' "
                      f"stroke-width='{1 + 8 * min(1.0, abs(value)):.1f}'>"
                      f"<title>{html.escape(f'{sender} -> {receiver}: {value:+.3f}')}</title></line>")
-        if port:  # q, k and v of one pair of heads share a line: their labels sit at different heights along it
-            t = PORT_AT.get(port, 0.5)
-            parts.append(f"<text x='{x1 + t * (x2 - x1) + 4:.1f}' y='{y1 + t * (y2 - y1):.1f}' fill='{colour}'>"
-                         f"{html.escape(port)}</text>")
+        # each edge labelled with its effect; q, k and v of one pair of heads share a line, so their labels
+        # sit at different heights along it
+        t = PORT_AT.get(port, 0.5)
+        parts.append(f"<text x='{x1 + t * (x2 - x1) + 4:.1f}' y='{y1 + t * (y2 - y1):.1f}' fill='{colour}'>"
+                     f"{html.escape(f'{port} ' if port else '')}{value:+.2f}</text>")
     for name, (x, y) in where.items():
         if name == "logits":
             parts.append(f"<rect x='{x - 30}' y='{y - 12}' width='60' height='24' fill='#eee' stroke='#333'/>"

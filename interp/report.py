@@ -7,6 +7,7 @@ import base64
 import html
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,11 @@ td, th { border: 1px solid #ddd; padding: 2px 8px; text-align: left; }
 code, pre { background: #f6f6f6; padding: 1px 4px; } pre { padding: .6em; overflow-x: auto; }
 .example { font-family: monospace; margin: 1em 0 .2em; } .widget { margin: 0 0 1.5em; min-height: 40px; }
 figure { margin: 1em 0; } figure img { max-width: 100%; } .verdict { font-size: 1.2em; font-weight: bold; }
+nav.toc { background: #f8f8f8; border: 1px solid #e4e4e4; padding: .4em 1em; display: inline-block; }
+nav.toc ol { margin: .2em 0; padding-left: 1.4em; } details > summary { cursor: pointer; color: #555; }
+abbr[title] { text-decoration: underline dotted #aaa; } .table-scroll { overflow-x: auto; max-width: 100%; }
 """
+TOC_FROM = 3  # sections from which a page opens with its table of contents
 
 
 def circuitsvis_bundle() -> str:
@@ -65,6 +70,20 @@ def table_html(rows: list[list[Any]], header: list[str] | None = None) -> str:
     return f"<table>{'<tr>' + head + '</tr>' if head else ''}{body}</table>"
 
 
+def section_anchors(headings: list[str]) -> list[str]:
+    """One id per heading, made of its letters and digits ("Path patching" -> "path-patching"),
+    unique on the page (a repeated heading gets "-2", "-3")."""
+    anchors: list[str] = []
+    for heading in headings:
+        base = re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-") or "section"
+        anchor, n = base, 1
+        while anchor in anchors:
+            n += 1
+            anchor = f"{base}-{n}"
+        anchors.append(anchor)
+    return anchors
+
+
 @dataclass
 class Report:
     """An HTML page built section by section; `to_html()` inlines the circuitsvis bundle once
@@ -74,7 +93,10 @@ class Report:
     sections: list[tuple[str, str]] = field(default_factory=list)
     n_widgets: int = 0
 
-    def add(self, heading: str, body_html: str) -> None:
+    def add(self, heading: str, body_html: str, folded: str | None = None) -> None:
+        """A section. `folded`: the line shown while the body is folded away (a reader opens it)."""
+        if folded is not None:
+            body_html = f"<details><summary>{html.escape(folded)}</summary>{body_html}</details>"
         self.sections.append((heading, body_html))
 
     def attention_widget(
@@ -97,7 +119,13 @@ class Report:
         if self.n_widgets:
             parts.append(f"<script>{circuitsvis_bundle()}</script>")
         parts.append(f"</head><body><h1>{html.escape(self.title)}</h1>")
-        parts += [f"<section><h2>{html.escape(h)}</h2>{body}</section>" for h, body in self.sections]
+        anchors = section_anchors([heading for heading, _ in self.sections])
+        if len(self.sections) >= TOC_FROM:
+            items = "".join(f"<li><a href='#{anchor}'>{html.escape(heading)}</a></li>"
+                            for (heading, _), anchor in zip(self.sections, anchors))
+            parts.append(f"<nav class='toc'><b>Contents</b><ol>{items}</ol></nav>")
+        parts += [f"<section id='{a}'><h2>{html.escape(h)}</h2>{body}</section>"
+                  for (h, body), a in zip(self.sections, anchors)]
         parts.append("</body></html>")
         return "\n".join(parts)
 

@@ -1,5 +1,7 @@
-"""The report of one trained run: configuration, training curves and every head's attention on
-a few decoded test examples. Later analyses append their own sections."""
+"""The report of one trained run, in the order a reader asks: the summary and how the heads came
+to be, the verdict and its evidence (heads, patching, circuit, probes: `workbench analyze`), the
+timeline, the training curves, every head's attention on a few decoded test examples, and the
+configuration last, folded."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from interp.analysis import RunAnalysis
 from interp.analysis_file import read_analysis
 from interp.analysis_html import analysis_sections
 from interp.attention import attention_patterns
-from interp.report import Report, figure_html, table_html
+from interp.report import Report, figure_html
 from interp.report_format import pair_grid_html, pair_keys
 from interp.tasks import task_analysis
 from models.runs import ANALYSIS, REPORT, LoadedRun, RunFolderError, non_finite_note, non_finite_weights
@@ -35,9 +37,12 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345,
             raise RunFolderError(f"{run.path / ANALYSIS} cannot be shown ({type(err).__name__}: {err}); it is damaged "
                                  f"or of another version; run `workbench analyze {run.path}` again") from None
     _timeline_section(report, run)
-    report.add("Configuration", f"<pre>{html.escape(run.config.to_json())}</pre>")
     report.add("Training curves", _curves_html(run))
-    report.add("Attention patterns", _attention_html(report, run, n_examples, seed))
+    labels = (written or {}).get("heads", {}).get("labels") if isinstance(written, dict) else None
+    report.add("Attention patterns", _attention_html(report, run, n_examples, seed, labels))
+    config = run.config.to_json()
+    report.add("Configuration", f"<pre>{html.escape(config)}</pre>",
+               folded=f"config.json, {config.count(chr(10)) + 1} lines: open to read")
     return report
 
 
@@ -111,22 +116,42 @@ def _where(key: str) -> str:
     return f"head {head} of every layer" if layer == "*" else f"layer {layer} head {head}"
 
 
+# what every run's metrics.jsonl records, in words with units (a task names its own: TaskAnalysis.metric_words)
+METRIC_WORDS = {"step": "training step", "lr": "learning rate at that step", "train_loss":
+                "training loss on the last batch (nats)", "eval_loss": "loss on the evaluation batch (nats)",
+                "elapsed_s": "training time so far (seconds)", "stopped": "why training stopped early",
+                "diverged": "the loss became NaN or infinite"}
+
+
 def _summary_html(run: LoadedRun) -> str:
     final = next((m for m in reversed(run.metrics) if "eval_loss" in m), None)
     if final is None:
         return heads_origin_html(run) + "<p>No evaluation was recorded.</p>"
+    words = {**METRIC_WORDS, **task_analysis(run.config.task.name).metric_words()}
     grids = {k: v for k, v in final.items() if pair_keys(v) is not None}  # acc_per_pair: a grid, below
-    rows = [[k, readable(k, v)] for k, v in final.items() if k not in grids]
-    return (heads_origin_html(run) + f"<p>Final evaluation on held-out data (step {final['step']}):</p>"
-            + table_html(rows, ["metric", "value"]) + "".join(_pair_grid_html(run, k, v) for k, v in grids.items()))
+    rows = "".join(f"<tr><td>{_named(k, words)}</td><td>{html.escape(readable(k, v))}</td></tr>"
+                   for k, v in final.items() if k not in grids)
+    sample = (f"<p>Last evaluation, at step {html.escape(str(final['step']))}, on this run's evaluation batch: "
+              f"{run.config.train.eval_size} sequences of the test split, drawn once when training began (the "
+              "verdict below, where there is one, measures on fresh sequences instead). Hover a field for its "
+              "key in metrics.jsonl.</p>")
+    return (heads_origin_html(run) + sample + f"<table><tr><th>quantity</th><th>value</th></tr>{rows}</table>"
+            + "".join(_pair_grid_html(run, k, v, words) for k, v in grids.items()))
 
 
-def _pair_grid_html(run: LoadedRun, key: str, values: dict[str, float]) -> str:
+def _named(key: str, words: dict[str, str]) -> str:
+    """A metrics field in words, its raw key in a tooltip; the key itself where it has no words."""
+    if key not in words:
+        return f"<code>{html.escape(key)}</code>"
+    return f"<abbr title='{html.escape(key, quote=True)}'>{html.escape(words[key])}</abbr>"
+
+
+def _pair_grid_html(run: LoadedRun, key: str, values: dict[str, float], words: dict[str, str]) -> str:
     """A metric per (anchor 1, anchor 2) pair as a grid; the pairs held out of training (a task
     config's `held_out`, where it has one) outlined."""
     held_out = set(getattr(run.config.task, "held_out", None) or ())
     note = " Outlined: held out of training." if held_out else ""
-    return (f"<p>{html.escape(key)}, per pair (row: first anchor, column: second anchor; green: 1).{note}</p>"
+    return (f"<p>{_named(key, words)}, per pair (row: first anchor, column: second anchor; green: 1).{note}</p>"
             + (pair_grid_html(values, held_out) or ""))
 
 
@@ -152,7 +177,10 @@ def _curves_html(run: LoadedRun) -> str:
     return figure_html(steps.curves(run), steps.curves_caption)
 
 
-def _attention_html(report: Report, run: LoadedRun, n_examples: int, seed: int) -> str:
+def _attention_html(report: Report, run: LoadedRun, n_examples: int, seed: int,
+                    labels: list[list[str]] | None = None) -> str:
+    """Every head's attention on `n_examples` test examples, one view per layer, each head named
+    with its label where the run is analysed."""
     batch = run.task.sample(n_examples, seeded_generator(seed), split="test")
     device = next(run.model.parameters()).device
     patterns = attention_patterns(run.model, batch.tokens.to(device))  # [layer, batch, head, q, k]
@@ -162,11 +190,20 @@ def _attention_html(report: Report, run: LoadedRun, n_examples: int, seed: int) 
         keep = _visible_length(strings)
         parts.append(f"<p class='example'>Example {i + 1}: {html.escape(' '.join(strings[:keep]))}</p>")
         for layer in range(run.model.cfg.n_layers):
-            names = [f"L{layer}H{head}" for head in range(run.model.cfg.n_heads)]
+            names = [f"L{layer}H{head}" + (f" {_label(labels, layer, head)}" if labels else "")
+                     for head in range(run.model.cfg.n_heads)]
             pattern = patterns[layer, i, :, :keep, :keep]
             parts.append(f"<div>Layer {layer}</div>"
                          + report.attention_widget(strings[:keep], pattern, names, run.task.causal))
     return "".join(parts)
+
+
+def _label(labels: list[list[str]], layer: int, head: int) -> str:
+    """A head's label from analysis.json, or "" where the file has none for it."""
+    try:
+        return str(labels[layer][head])
+    except (IndexError, TypeError):
+        return ""
 
 
 def _visible_length(strings: list[str]) -> int:

@@ -144,7 +144,7 @@ def grid_figure(page: dict[str, Any]) -> plt.Figure:
     facets = facet_points(grid, axes["facets"])
     colours = label_colours(groups)
     written = len(xs) * len(ys) <= MAX_WRITTEN_SQUARES  # else small squares, colour only (the table has the text)
-    square = (1.9, 1.0) if written else (SMALL_SQUARE_INCHES, SMALL_SQUARE_INCHES)
+    square = (1.9, 1.2) if written else (SMALL_SQUARE_INCHES, SMALL_SQUARE_INCHES)
     fig, panels = plt.subplots(len(facets), 1, squeeze=False,
                                figsize=(2.0 + square[0] * len(xs), (1.0 + square[1] * len(ys)) * len(facets)))
     by_facet: dict[str, list[dict[str, Any]]] = {}
@@ -173,8 +173,12 @@ def _draw_panel(ax: plt.Axes, groups: list[dict[str, Any]], xs: list[Any], ys: l
         image[i, j] = colour
         dark = 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2] < 0.55
         if written:
-            ax.text(j, i, cell_text(group), ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
+            ax.text(j, i, cell_text(group), ha="center", va="center", fontsize=9, color="white" if dark else "black")
     ax.imshow(image, origin="lower", aspect="auto")
+    ax.set_xticks(np.arange(len(xs) + 1) - 0.5, minor=True)  # a white border around every square
+    ax.set_yticks(np.arange(len(ys) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=2 if written else 0.5)
+    ax.tick_params(which="minor", length=0)
 
 
 def cell_text(group: dict[str, Any]) -> str:
@@ -233,7 +237,7 @@ def _html_table(rows: list[list[str]], header: list[str]) -> str:
     """A table whose cells are HTML already escaped by the caller (they hold links)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class='table-scroll'><table><tr>{head}</tr>{body}</table></div>"  # wide tables scroll
 
 
 def command(*words: str) -> str:

@@ -104,6 +104,11 @@ class TaskAnalysis(ABC):
         panel of `timeline_panels`."""
         return next(iter(self.timeline_panels(verdict).values()), {})
 
+    def metric_words(self) -> dict[str, str]:
+        """The task's metrics.jsonl fields in words with their unit, for the report's summary (the
+        raw key stays in a tooltip); a field not named here is shown by its key."""
+        return {}
+
     def share_probe(self, run: LoadedRun, seed: int) -> ShareProbe | None:
         """The pair sets a head's causal share is measured on, beside its label; None: the pairs of
         the patching section, whose per-head sweep is already measured."""

@@ -10,6 +10,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from interp import plots
@@ -27,11 +28,18 @@ def timeline_html(timeline: dict[str, Any], metrics: list[dict[str, Any]]) -> st
         evidence_figure(points, summary), "The verdict's evidence at every snapshot. Dotted lines: a change of "
         "verdict; solid line: the step from which the verdict no longer changes.")]
     if any("train_loss" in m for m in metrics):
+        first = next(m["step"] for m in metrics if "train_loss" in m)
+        before = sum(p["step"] < first for p in points)
+        note = (f" The loss is recorded from the first evaluation (step {first}); {before} of the {len(points)} "
+                "snapshots come before it." if before else "")
         parts.append(figure_html(loss_figure(metrics, points, summary),
-                                 "Training loss with the snapshots (ticks), the event snapshots (triangles) and the "
-                                 "verdict's changes marked."))
+                                 "Training loss (log scale) with the snapshots (green ticks), the event snapshots kept "
+                                 "just before a loss spike (red triangles) and the verdict's changes (dotted) and the "
+                                 f"step it settled (solid).{note}"))
     parts.append(figure_html(heads_figure(points), "Per head (rows) and snapshot (columns): its label (colour), and "
-                                                   "its exact patching share; a dot marks a head of the circuit."))
+                                                   "its exact patching share; a dot marks a head of the circuit. A "
+                                                   "white column: the model did not tell clean from corrupted inputs "
+                                                   "apart at that snapshot, so no share is defined."))
     parts.append(_crossings_html(summary))
     parts.append(_heads_table_html(summary, steps))
     return "".join(parts)
@@ -103,13 +111,23 @@ def loss_figure(metrics: list[dict[str, Any]], points: list[dict[str, Any]], sum
         ax.plot(steps, [m.get("eval_loss", np.nan) for m in records], label="test")
     ax.set(yscale="log", ylabel="cross-entropy", title="loss, snapshots and changes of verdict")
     plots.plain_log_labels(ax)
+    events = False
     for point in points:
         ax.axvline(max(point["step"], 1), ymax=0.04, color="tab:green")
         if any(r.startswith("before step") for r in point["reasons"]):
+            events = True
             ax.plot([max(point["step"], 1)], [ax.get_ylim()[1]], marker="v", color="tab:red", clip_on=False)
     _mark(ax, summary)
     _steps_axis(ax, [p["step"] for p in points] + steps)
-    ax.legend(fontsize=8)
+    handles, _ = ax.get_legend_handles_labels()
+    handles.append(Line2D([], [], color="tab:green", marker="|", linestyle="none", markersize=10, label="snapshot"))
+    if events:
+        handles.append(Line2D([], [], color="tab:red", marker="v", linestyle="none", label="event snapshot"))
+    if summary.get("changes"):
+        handles.append(Line2D([], [], label="verdict changes", **CHANGE_STYLE))
+    if summary.get("decided_at") is not None:
+        handles.append(Line2D([], [], label="verdict settled", **DECIDED_STYLE))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 

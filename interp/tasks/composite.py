@@ -491,3 +491,10 @@ class CompositeAnalysis(TaskAnalysis):
 
     def verdict_rates(self, verdict: dict[str, Any]) -> dict[str, float]:
         return composite_verdict_rates(verdict)
+
+    def metric_words(self) -> dict[str, str]:
+        return {"acc_seen": "seen pairs answered right (fraction)",
+                "held_out_inferential": "held-out pair answered x-10, inferential (fraction)",
+                "held_out_symmetric": "held-out pair answered x-6, symmetric (fraction)",
+                "held_out_other": "held-out pair, any other answer (fraction)",
+                "acc_per_pair": "accuracy per anchor pair (fraction)"}

@@ -244,5 +244,10 @@ class LegoAnalysis(TaskAnalysis):
     def verdict_rates(self, verdict: dict[str, Any]) -> dict[str, float]:
         return lego_verdict_rates(verdict)
 
+    def metric_words(self) -> dict[str, str]:
+        return {"acc_per_var": "accuracy per variable, in chain order (fraction)",
+                "acc_supervised": "accuracy over the supervised variables (fraction)",
+                "acc_unsupervised": "accuracy over the unsupervised variables, extrapolation (fraction)"}
+
     def share_probe(self, run: LoadedRun, seed: int) -> ShareProbe:
         return lego_share_probe(run, seed)

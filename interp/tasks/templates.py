@@ -86,6 +86,10 @@ class TemplatesAnalysis(TaskAnalysis):
     def curves(self, run: LoadedRun) -> plt.Figure:
         return templates_curves(run.metrics)
 
+    def metric_words(self) -> dict[str, str]:
+        return {"acc": "accuracy on strings of unseen symbols (fraction)",
+                "error": "error on strings of unseen symbols (fraction)"}
+
     def timeline_panels(self, verdict: dict[str, Any]) -> dict[str, dict[str, float]]:
         return {"error per symbol split": {f"{split} error": round(1 - acc, 4)
                                            for split, acc in verdict["accuracy"].items()}}

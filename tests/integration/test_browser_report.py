@@ -110,7 +110,9 @@ def test_lego_report_renders_offline_and_shows_html_tokens_as_text(browser, lego
     assert len(widgets) == 2 * 2  # 2 examples x 2 layers
     for layer, widget in enumerate(widgets):
         assert widget["heads"] == 2
-        assert widget["names"] == [f"L{layer % 2}H{h}" for h in range(2)]
+        # each head named with its label from the analysis: "L0H1 mixed"
+        assert [name.split(" ")[0] for name in widget["names"]] == [f"L{layer % 2}H{h}" for h in range(2)]
+        assert all(len(name.split(" ", 1)) == 2 for name in widget["names"])
         assert widget["canvases"] == widget["heads"] + 1
     shown = figures(page)
     assert len(shown) == 6  # curves, head scores, 3 patching maps, probes
@@ -149,8 +151,11 @@ def test_sweep_page_renders_offline_and_links_to_its_runs_reports(browser, sweep
     assert len(shown) == 2  # the grid, the rates per run
     assert all(f["png"] and f["complete"] and f["width"] > 0 for f in shown)
     links = page.evaluate("[...document.querySelectorAll('a')].map(a => a.getAttribute('href'))")
-    # each run's folder, and the report of the one run with a report, relative to the page
-    assert set(links) == {"init_gamma=0.3__seed=0/", "init_gamma=0.5__seed=0/", "init_gamma=0.5__seed=0/report.html"}
+    # each run's folder, and the report of the one run with a report, relative to the page; and the contents
+    assert {link for link in links if not link.startswith("#")} == {
+        "init_gamma=0.3__seed=0/", "init_gamma=0.5__seed=0/", "init_gamma=0.5__seed=0/report.html"}
+    anchors = [link[1:] for link in links if link.startswith("#")]
+    assert anchors[:2] == ["grid", "rates-per-run"] and all(page.locator(f"section#{a}").count() == 1 for a in anchors)
     other = sweep_page_path.parent / "init_gamma=0.3__seed=0"
     assert f"workbench analyze {other}" in page.inner_text("body")  # the other says how to write it
     page.locator("a[href$='report.html']").first.click()
@@ -321,3 +326,28 @@ def test_a_12_layer_lego_report_keeps_its_labels_apart_and_ranks_its_48_heads(br
     shots = [screenshot(page, name, lego12_report.parent) for name in ("Attention heads", "Activation patching",
                                                                       "Circuit", "Probes")]
     print(f"12-layer lego report checked in {time.perf_counter() - started:.1f} s; screenshots: {shots}")
+
+
+def test_a_report_reads_in_a_readers_order_with_its_contents_its_sample_and_its_legends(
+        browser, one_head_composite_report):
+    """Issue 51's appendix: contents with working anchors, the verdict before the curves and the
+    configuration last and folded; the summary's fields in words (raw key on hover) with the sample
+    named; the circuit's edges labelled with their effect and a legend under the drawing."""
+    page, errors, _ = open_offline(browser, one_head_composite_report)
+    assert errors == []
+    entries = page.evaluate("[...document.querySelectorAll('nav.toc a')].map(a => [a.textContent, a.hash])")
+    headings = page.evaluate("[...document.querySelectorAll('section > h2')].map(h => h.textContent)")
+    assert [name for name, _ in entries] == headings and headings[0] == "Summary" and headings[-1] == "Configuration"
+    assert headings.index("Verdict") < headings.index("Circuit") < headings.index("Training curves")
+    assert all(page.locator(f"section{anchor}").count() == 1 for _, anchor in entries)
+    config = section(page, "Configuration")
+    assert not config.locator("pre").is_visible()  # folded until the reader opens it
+    config.locator("summary").click()
+    assert config.locator("pre").is_visible() and '"task"' in config.locator("pre").inner_text()
+    summary = section(page, "Summary")
+    assert "evaluation batch: 2000 sequences of the test split" in summary.inner_text()
+    assert summary.locator("abbr[title='held_out_inferential']").inner_text().startswith("held-out pair answered x-10")
+    circuit = section(page, "Circuit")
+    edge_labels = circuit.evaluate("s => [...s.querySelectorAll('svg.circuit line + text')].map(t => t.textContent)")
+    assert edge_labels and all(re.search(r"[+-]\d\.\d\d$", label) for label in edge_labels)
+    assert "blue raises the metric, red lowers it" in circuit.locator("p.legend").inner_text()
