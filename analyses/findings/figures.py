@@ -1,4 +1,4 @@
-"""The three figures of the findings page, drawn from committed data (data/*.json) and the zoo.
+"""The figures of the findings page, drawn from committed data (data/*.json) and the zoo.
 
 Each function takes its data file's contents and returns a matplotlib figure; `draw_all` writes
 them as PNGs. PNG metadata carries no date or version, so a redraw from the same numbers with the
@@ -136,10 +136,39 @@ def templates_efficiency(data: dict[str, Any]) -> plt.Figure:
     return fig
 
 
+def composite_spike(data: dict[str, Any]) -> plt.Figure:
+    """Left: the whole run's training loss (log) with the held-out pair's x-10 and x-6 on a second
+    axis; right: the training loss of each replay from the kept state, step by step."""
+    columns = data["run_columns"]
+    run = {name: [row[i] for row in data["run"]] for i, name in enumerate(columns)}
+    fig, (ax_run, ax_replay) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1.4, 1]})
+    ax_run.plot(run["step"], run["train_loss"], color="black", label="training loss")
+    ax_run.set(yscale="log", xlabel="step", ylabel="training loss (nats, log)",
+               title="the run: loss and held-out answers")
+    rates = ax_run.twinx()
+    rates.plot(run["step"], run["held_out_inferential"], color=VERDICT_COLOURS["inferential"],
+               label="x-10 (inferential)")
+    rates.plot(run["step"], run["held_out_symmetric"], color=VERDICT_COLOURS["symmetric"], label="x-6 (symmetric)")
+    rates.set(ylim=(0, 1), ylabel="held-out pair answers (fraction)")
+    lines = ax_run.get_legend_handles_labels()[0] + rates.get_legend_handles_labels()[0]
+    ax_run.legend(handles=lines, fontsize=8, loc="center left")
+    styles = {"none": ("as trained", "black", "-"), "float64": ("loss in float64", "#7b3294", "--"),
+              "eps1e-6": ("Adam eps 1e-6", "#1a9641", "-")}
+    for name, rows in data["replays"].items():
+        label, colour, line = styles.get(name, (name, "grey", ":"))
+        ax_replay.plot([r[0] for r in rows], [r[1] for r in rows], color=colour, linestyle=line, label=label)
+    ax_replay.set(yscale="log", xlabel="step", ylabel="training loss (nats, log)",
+                  title=f"replays from step {data['replays']['none'][0][0] - 1}")
+    ax_replay.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 FIGURES = {
     "composite-matched-phase.png": ("composite_matched_phase.json", composite_phase),
     "lego-bert-albert.png": ("lego_per_variable.json", lego_per_variable),
     "templates-efficiency.png": ("templates_efficiency.json", templates_efficiency),
+    "composite-spike.png": ("composite_spike.json", composite_spike),
 }
 
 

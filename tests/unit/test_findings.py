@@ -1,4 +1,4 @@
-"""The findings page (analyses/RESULTS.md): `python -m analyses.findings` draws its three figures
+"""The findings page (analyses/RESULTS.md): `python -m analyses.findings` draws its figures
 from the committed data and writes it as one self-contained HTML file; every figure the page shows
 is committed, small and drawn by the command; the page's scoreboard agrees with the lab notebook's;
 every data file names a lab section that exists."""
@@ -37,7 +37,7 @@ def scoreboard_rows(text: str) -> dict[str, str]:
     return rows
 
 
-def test_the_command_writes_the_three_figures_and_the_page(tmp_path):
+def test_the_command_writes_every_figure_and_the_page(tmp_path):
     assert main(["--figures", str(tmp_path / "fig"), "--out", str(tmp_path / "out")]) == 0
     pngs = sorted(p.name for p in (tmp_path / "fig").iterdir())
     assert pngs == sorted(FIGURES)
