@@ -16,13 +16,32 @@ from interp.patching import spearman
 from tests.integration.test_cli import TINY
 
 
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    """`analysed(task, into)`: a copy at `into` of one tiny run of the task, trained and analysed
+    (`--samples 64`) once for this file, and what `workbench analyze` printed for it."""
+    import contextlib
+    import io
+
+    made: dict[str, tuple[Path, str]] = {}
+
+    def copy(task: str, into: Path) -> tuple[Path, str]:
+        if task not in made:
+            out = tmp_path_factory.mktemp("analysed") / task
+            assert main(["train", "--task", task, "--out", str(out), *TINY]) == 0
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                assert main(["analyze", str(out), "--samples", "64"]) == 0
+            made[task] = (out, printed.getvalue())
+        shutil.copytree(made[task][0], into)
+        return into, made[task][1]
+
+    return copy
+
+
 @pytest.mark.parametrize("task", ["lego", "composite", "templates"])
-def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, capsys):
-    out = tmp_path / task
-    assert main(["train", "--task", task, "--out", str(out), *TINY]) == 0
-    capsys.readouterr()
-    assert main(["analyze", str(out), "--samples", "64"]) == 0
-    printed = capsys.readouterr().out
+def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, analysed):
+    out, printed = analysed(task, tmp_path / task)
     analysis = json.loads((out / "analysis.json").read_text())
     assert set(analysis) >= {"task", "heads", "patching", "probes", "verdict"} and analysis["task"] == task
     assert len(analysis["heads"]["labels"]) == 2  # layers
@@ -162,12 +181,10 @@ def _poison(value):
 
 
 @pytest.mark.parametrize("task", ["lego", "composite"])
-def test_every_string_read_from_analysis_json_is_escaped_in_the_report(tmp_path, task):
+def test_every_string_read_from_analysis_json_is_escaped_in_the_report(tmp_path, task, analysed):
     """Browser-free: a payload in every string field of analysis.json and in the run's name
     reaches the page as text (&lt;img ...), never as markup."""
-    out = tmp_path / f"{HOSTILE.replace('/', '')}-{task}"
-    assert main(["train", "--task", task, "--out", str(out), *TINY]) == 0
-    assert main(["analyze", str(out), "--samples", "64"]) == 0
+    out, _ = analysed(task, tmp_path / f"{HOSTILE.replace('/', '')}-{task}")
     analysis = json.loads((out / "analysis.json").read_text())
     poisoned = {**_poison(analysis), "task": task}  # the task name picks the registry entry
     poisoned["patching"]["n_pairs"] = HOSTILE
@@ -197,15 +214,14 @@ def _without_wall_times(value):
     return value
 
 
-def test_analyze_runs_on_the_cpu_by_default_and_device_cpu_writes_the_same_analysis(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert main(["train", "--task", "lego", "--out", str(out), *TINY]) == 0
-    analyses = []
-    for device in ([], ["--device", "cpu"]):
-        assert main(["analyze", str(out), "--samples", "64", *device]) == 0
-        assert capsys.readouterr().out.rstrip().endswith("on cpu")
-        analyses.append(_without_wall_times(json.loads((out / "analysis.json").read_text())))
-    assert analyses[0] == analyses[1]  # bit for bit, but for the wall times
+def test_analyze_runs_on_the_cpu_by_default_and_device_cpu_writes_the_same_analysis(tmp_path, capsys, analysed):
+    out, printed = analysed("lego", tmp_path / "run")  # analysed without --device
+    assert printed.rstrip().endswith("on cpu")
+    by_default = _without_wall_times(json.loads((out / "analysis.json").read_text())) | {"run": None}  # its folder
+    assert main(["analyze", str(out), "--samples", "64", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("on cpu")
+    on_cpu = _without_wall_times(json.loads((out / "analysis.json").read_text())) | {"run": None}
+    assert on_cpu == by_default  # bit for bit, but for the wall times and the folder it was made in
 
 
 def test_analyze_device_cuda_without_cuda_exits_2_naming_cuda_and_writes_nothing(tmp_path, capsys, monkeypatch):

@@ -15,6 +15,7 @@ from tests.integration.test_cli import TINY
 
 PAYLOADS = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>']
 RAW = ["<script>alert(1)", "<img src=x onerror"]  # what an unescaped payload leaves in the page
+BOTH = PAYLOADS[1] + PAYLOADS[0]  # both payloads in one string: each config field is poisoned once
 
 
 def poisoned_configs(data: dict, payload: str):
@@ -55,7 +56,7 @@ def test_a_payload_in_any_string_of_config_json_reaches_the_report_only_as_text(
     assert main(["train", "--preset", preset, "--out", str(out), *TINY]) == 0
     original = json.loads((out / "config.json").read_text())
     shown = []
-    for payload in PAYLOADS:
+    for payload in [BOTH]:
         for where, config in poisoned_configs(original, payload):
             (out / "config.json").write_text(json.dumps(config))
             (out / "report.html").unlink(missing_ok=True)

@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray")
 
 
 def test_ray_backend_matches_the_local_backend(tmp_path):
-    cells = {f"seed={s}": tiny_composite_run(steps=12, seed=s) for s in (0, 1)}
+    cells = {"seed=1": tiny_composite_run(steps=12, seed=1)}  # one cell: each Ray worker imports torch afresh
     local = run_cells(cells, tmp_path / "local", workers=1, progress=False)
     on_ray = run_cells(cells, tmp_path / "ray", workers=1, backend="ray", progress=False)
     assert not ray.is_initialized()  # the instance it started is stopped again
