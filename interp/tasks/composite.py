@@ -468,7 +468,9 @@ class CompositeAnalysis(TaskAnalysis):
         return _composite_findings(run, seed)
 
     def headline(self, verdict: CompositeVerdict) -> str:
-        return verdict.verdict
+        return (f"{verdict.verdict} (held-out pair on test keys: x-10 inferential {verdict.held_out_inferential:.2f}, "
+                f"x-6 symmetric {verdict.held_out_symmetric:.2f}, other {verdict.held_out_other:.2f}; seen pairs "
+                f"{verdict.seen_accuracy:.2f}; fresh sequences)")
 
     def verdict_html(self, verdict: dict[str, Any]) -> str:
         return _composite_verdict_html(verdict)
