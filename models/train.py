@@ -167,9 +167,9 @@ def train_runs(runs: list[Trainer], progress: bool = True, desc: str | None = No
     torch.set_flush_denormal(True)
     first = runs[0]
     with contextlib.ExitStack() as held:
+        held.enter_context(deterministic_kernels(first.device, tf32=first.cfg.train.tf32))
         for run in runs:
             held.enter_context(run.folder.lock())
-        held.enter_context(deterministic_kernels(first.device, tf32=first.cfg.train.tf32))
         for run in runs:
             run._restore() if run.resume else run._start()
         for run in runs:
@@ -246,12 +246,12 @@ class Trainer:
         self.folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
         self.task = make_task(cfg.task)
         self.device = resolve_device(cfg.train.device)
+        check_precision(self.device, cfg.train.precision)
+        check_compile(self.device, cfg.train.compile)
         check_memory(cfg, self.task, self.device)  # before anything is allocated or written
         self.model = build_model(cfg.model, self.task, seed=cfg.train.seed, device=self.device)
         self.groups = self._param_groups()
         self.moments: dict[str, Moments] = {}  # AdamW's state by parameter name, filled by the stack
-        check_precision(self.device, cfg.train.precision)
-        check_compile(self.device, cfg.train.compile)
         seed = cfg.train.seed
         self.data_gen, self.depth_gen = seeded_generator(seed), seeded_generator(seed + 1)
         # evaluation data comes from its own seeds, so it is the same however training is split
@@ -323,7 +323,7 @@ class Trainer:
         stop rule ended this run already (a resumed run it stopped)."""
         self.record: dict[str, Any] = {}
         self.started = time.perf_counter() - self.elapsed
-        self.stopped = bool((self.folder.metrics() or [{}])[-1].get("stopped"))
+        self.stopped = self.resume and bool((self.folder.metrics() or [{}])[-1].get("stopped"))  # a new run's are empty
 
     @property
     def finished(self) -> bool:
