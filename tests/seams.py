@@ -30,8 +30,8 @@ class Module:
         return self.name if self.path.name == "__init__.py" else self.name.rpartition(".")[0]
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -42,7 +42,7 @@ def load(root: Path = ROOT) -> dict[str, Module]:
     modules = {}
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
-            module = Module(_module_name(path), path, ast.parse(path.read_text(), filename=str(path)))
+            module = Module(_module_name(path, root), path, ast.parse(path.read_text(), filename=str(path)))
             modules[module.name] = module
     for module in modules.values():
         module.imports = list(_imports(module, modules))
