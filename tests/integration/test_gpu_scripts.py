@@ -133,3 +133,30 @@ def test_timelines_script_trains_every_run_with_snapshots_and_writes_each_timeli
     assert not missing, done.stdout
     timeline = json.loads((tmp_path / "matched/init_gamma=0.9__seed=0/timeline.json").read_text())
     assert timeline["points"][0]["step"] == 0 and timeline["task"] == "composite"
+
+
+@pytest.mark.slow  # six processes that each import torch: minutes on 2 loaded cores
+def test_templates_width_script_trains_each_width_and_resumes(tmp_path):
+    """analyses/gpu/templates_width.sh on the CPU with a tiny schedule: one sweep per width, plain and
+    augmented cells of each n and seed at that width, the table printed; a second call trains nothing
+    again (every cell is finished)."""
+    tiny = "train.steps=4 train.eval_every=2 train.eval_size=64 train.checkpoint_every=2 train.plateau_min_steps=4"
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "WIDTHS": "16 32", "SEEDS": "0", "NS": "4",
+           "EXTRA": tiny, "PYTHONPATH": str(ROOT)}
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(ROOT / "analyses/gpu/templates_width.sh"), str(tmp_path)], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+
+    first = run()
+    assert first.returncode == 0, first.stdout + first.stderr
+    for width in (16, 32):
+        cells = sorted(p.name for p in (tmp_path / f"d{width}").iterdir() if (p / "config.json").exists())
+        assert len(cells) == 2 and any("identity_attention=true" in c for c in cells)
+        cfg = json.loads((tmp_path / f"d{width}" / cells[0] / "config.json").read_text())
+        assert (cfg["model"]["d_model"], cfg["task"]["template"]) == (width, "copy")
+        assert cfg["train"]["identity_lr_scale"] == 10
+    rows = [json.loads(line) for line in first.stdout.splitlines() if line.startswith('{"')]
+    assert {(r["d_model"], r["n"]) for r in rows if "n" in r and "d_model" in r} == {(16, 4), (32, 4)}
+    metrics = (tmp_path / "d32" / cells[0] / "metrics.jsonl").read_text()
+    assert run().returncode == 0 and (tmp_path / "d32" / cells[0] / "metrics.jsonl").read_text() == metrics

@@ -12,7 +12,8 @@ from analyses.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 TOY = "modsum"
 TOY_FILES = {Path("tasks") / f"{TOY}.py", Path("interp") / "tasks" / f"{TOY}.py"}
-TASK_LISTS = {Path("tasks") / "__init__.py": 1, Path("interp") / "tasks" / "__init__.py": 2}  # lines naming it: import, entry
+# the lists of tasks, and how many of their lines name it (interp/tasks/: its import and its ANALYSES entry)
+TASK_LISTS = {Path("tasks") / "__init__.py": 1, Path("interp") / "tasks" / "__init__.py": 2}
 TINY = ["--set", "train.steps=12", "--set", "train.batch_size=16", "--set", "train.eval_every=6",
         "--set", "train.eval_size=64", "--set", "train.warmup_steps=2", "--no-progress"]
 

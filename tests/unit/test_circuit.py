@@ -273,8 +273,8 @@ def test_pruning_tries_edges_weakest_path_effect_first_and_keeps_those_it_cannot
 def test_circuit_chains_mark_planted_heads_including_every_layers():
     """"*.0" plants head 0 of every layer: each is marked planted where a chain names it."""
     from interp.analysis import _planted_names
-    from interp.task_analysis import named_chain
     from interp.attention import HeadScores
+    from interp.task_analysis import named_chain
 
     heads = HeadScores(torch.zeros(4, 3, 2), [["a", "b"], ["c", "d"], ["e", "f"]], {})
     planted = _planted_names({"*.0": "broadcast", "1.1": "association"}, heads)
