@@ -1,11 +1,11 @@
 """A sweep's or study's cells of one shape trained as one ensemble (models/ensemble.py), with a
 progress bar per group; `--ensemble auto|on|off` decides where.
 
-- off: every cell alone, as before ensembles.
+- off: every cell alone (a lone run, in this process or the worker pool).
 - on: every group of two or more same-shape cells (`group_by_shape`) as one ensemble, on any device.
 - auto (default): on for CUDA, where tiny models are bound by kernel launches; off on the CPU,
   where the matched phase diagram trained slower as ensembles than as cells in the worker pool,
-  and where lone runs stay bit-identical to the runs recorded before ensembles (a member with
+  and where a lone run's weights are bit-identical from run to run (a member of an ensemble with
   biases equals its lone run only within rounding). The numbers are in docs/ensembles.md.
 
 Cells a group trains are recorded like cells trained alone (`CellResult`), so sweep.json,
