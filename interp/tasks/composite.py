@@ -373,25 +373,6 @@ def composite_probe_map(
 # workbench analyze and the report
 
 
-def _composite_findings(run: LoadedRun, seed: int) -> tuple[CompositeProbeMap, CompositeVerdict]:
-    return composite_probe_map(run.model, run.task, seed=seed), composite_verdict(run.model, run.task, seed=seed)
-
-
-def _composite_circuit_findings(verdict: CompositeVerdict, circuit: Circuit, labels: dict[str, str],
-                                planted: set[str]) -> CompositeVerdict:
-    """The route to the answer: the circuit's longest path to the logits."""
-    chains = chains_to_logits(circuit.edges)
-    route = named_chain(chains[0], labels, planted) if chains else "no circuit edge reaches the logits"
-    return dataclasses.replace(verdict, route=route)
-
-
-def _composite_verdict_html(verdict: dict[str, Any]) -> str:
-    """The verdict's table, with the attention flow as a table (per layer) and the held-out answers
-    per key position as bars below it."""
-    return table_verdict_html(verdict, {"attention_flow": _attention_flow_html,
-                                        "held_out_by_key_position": _key_position_html})
-
-
 def _attention_flow_html(flow: Any) -> str:
     if not is_series(flow):  # a hand-edited analysis.json: shown as it is
         return f"<p>attention_flow: {evidence_html(flow)}</p>"
@@ -412,15 +393,6 @@ def _key_position_html(rates: Any) -> str:
                             "n/a where no test sequence had its key there.")
 
 
-def _composite_probes_html(probes: dict[str, Any]) -> str:
-    rows = []
-    for site_index, site in enumerate(probes["site_names"]):
-        for quantity_index, quantity in enumerate(probes["quantity_names"]):
-            rows.append([site, quantity, *[rate(layer[site_index][quantity_index]) for layer in probes["accuracy"]]])
-    header = ["site", "quantity", *probes["layer_names"]]
-    return "<p>Linear probe accuracy per layer.</p>" + table_html(rows, header)
-
-
 def composite_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
     """Seen-pair accuracy and the held-out pair's inferential/symmetric rates over steps, and loss."""
     return plots.rates_and_loss(metrics, [("acc_seen", "seen pairs (test keys)"),
@@ -429,43 +401,11 @@ def composite_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
                                 ylabel="rate", title="accuracy and held-out answers")
 
 
-def composite_timeline_panels(verdict: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """The timeline's evidence: seen accuracy and the held-out pair's answers (x-10 inferential,
-    x-6 symmetric, other), and each answer's rate per key position."""
-    answers = {"seen accuracy": verdict["seen_accuracy"],
-               "held-out x-10 (inferential)": verdict["held_out_inferential"],
-               "held-out x-6 (symmetric)": verdict["held_out_symmetric"], "held-out other": verdict["held_out_other"]}
-    panels = {"held-out answers": answers}
-    for answer, title in (("inferential", "x-10 by key position"), ("symmetric", "x-6 by key position")):
-        rates = verdict.get("held_out_by_key_position", {}).get(answer, [])
-        panels[title] = {f"key at {p}": r for p, r in enumerate(rates) if r is not None}
-    return panels
-
-
-def composite_verdict_rates(verdict: dict[str, Any]) -> dict[str, float]:
-    """The rates that decide a composite verdict: seen-pair accuracy, held-out x-10 and x-6."""
-    return {"seen": verdict["seen_accuracy"], "x-10": verdict["held_out_inferential"],
-            "x-6": verdict["held_out_symmetric"]}
-
-
-def composite_summary(record: dict[str, Any]) -> dict[str, Any] | None:
-    """A run's verdict from its last evaluation (the evaluation batch's seen accuracy and held-out
-    rates), by `classify_composite`; without held-out rates (an evaluation batch too small to hold
-    the held-out pair) only "unlearned" can be told, else "-". None without seen accuracy."""
-    if "acc_seen" not in record:
-        return None
-    rates = {"seen": record["acc_seen"]}
-    if "held_out_inferential" in record and "held_out_symmetric" in record:
-        rates |= {"x-10": record["held_out_inferential"], "x-6": record["held_out_symmetric"]}
-        return {"label": classify_composite(*rates.values()), "rates": rates}
-    return {"label": "unlearned" if rates["seen"] < SEEN_ACCURACY_TO_COUNT else "-", "rates": rates}
-
-
 class CompositeAnalysis(TaskAnalysis):
     curves_caption = "Seen-pair accuracy on test keys, and the answers on the held-out pair."
 
     def findings(self, run: LoadedRun, seed: int) -> tuple[CompositeProbeMap, CompositeVerdict]:
-        return _composite_findings(run, seed)
+        return composite_probe_map(run.model, run.task, seed=seed), composite_verdict(run.model, run.task, seed=seed)
 
     def headline(self, verdict: CompositeVerdict) -> str:
         return (f"{verdict.verdict} (held-out pair on test keys: x-10 inferential {verdict.held_out_inferential:.2f}, "
@@ -473,26 +413,59 @@ class CompositeAnalysis(TaskAnalysis):
                 f"{verdict.seen_accuracy:.2f}; fresh sequences)")
 
     def verdict_html(self, verdict: dict[str, Any]) -> str:
-        return _composite_verdict_html(verdict)
+        """The verdict's table, with the attention flow as a table (per layer) and the held-out answers
+        per key position as bars below it."""
+        return table_verdict_html(verdict, {"attention_flow": _attention_flow_html,
+                                            "held_out_by_key_position": _key_position_html})
 
     def probes_html(self, probes: dict[str, Any]) -> str:
-        return _composite_probes_html(probes)
+        rows = []
+        for site_index, site in enumerate(probes["site_names"]):
+            for quantity_index, quantity in enumerate(probes["quantity_names"]):
+                rows.append([site, quantity,
+                             *[rate(layer[site_index][quantity_index]) for layer in probes["accuracy"]]])
+        header = ["site", "quantity", *probes["layer_names"]]
+        return "<p>Linear probe accuracy per layer.</p>" + table_html(rows, header)
 
     def curves(self, run: LoadedRun) -> plt.Figure:
         return composite_curves(run.metrics)
 
     def circuit_findings(self, verdict: CompositeVerdict, circuit: Circuit, labels: dict[str, str],
-                         planted: set[str]) -> CompositeVerdict:
-        return _composite_circuit_findings(verdict, circuit, labels, planted)
+                                    planted: set[str]) -> CompositeVerdict:
+        """The route to the answer: the circuit's longest path to the logits."""
+        chains = chains_to_logits(circuit.edges)
+        route = named_chain(chains[0], labels, planted) if chains else "no circuit edge reaches the logits"
+        return dataclasses.replace(verdict, route=route)
 
     def timeline_panels(self, verdict: dict[str, Any]) -> dict[str, dict[str, float]]:
-        return composite_timeline_panels(verdict)
+        """The timeline's evidence: seen accuracy and the held-out pair's answers (x-10 inferential,
+        x-6 symmetric, other), and each answer's rate per key position."""
+        answers = {"seen accuracy": verdict["seen_accuracy"],
+                   "held-out x-10 (inferential)": verdict["held_out_inferential"],
+                   "held-out x-6 (symmetric)": verdict["held_out_symmetric"],
+                   "held-out other": verdict["held_out_other"]}
+        panels = {"held-out answers": answers}
+        for answer, title in (("inferential", "x-10 by key position"), ("symmetric", "x-6 by key position")):
+            rates = verdict.get("held_out_by_key_position", {}).get(answer, [])
+            panels[title] = {f"key at {p}": r for p, r in enumerate(rates) if r is not None}
+        return panels
 
     def summary(self, record: dict[str, Any]) -> dict[str, Any] | None:
-        return composite_summary(record)
+        """A run's verdict from its last evaluation (the evaluation batch's seen accuracy and held-out
+        rates), by `classify_composite`; without held-out rates (an evaluation batch too small to hold
+        the held-out pair) only "unlearned" can be told, else "-". None without seen accuracy."""
+        if "acc_seen" not in record:
+            return None
+        rates = {"seen": record["acc_seen"]}
+        if "held_out_inferential" in record and "held_out_symmetric" in record:
+            rates |= {"x-10": record["held_out_inferential"], "x-6": record["held_out_symmetric"]}
+            return {"label": classify_composite(*rates.values()), "rates": rates}
+        return {"label": "unlearned" if rates["seen"] < SEEN_ACCURACY_TO_COUNT else "-", "rates": rates}
 
     def verdict_rates(self, verdict: dict[str, Any]) -> dict[str, float]:
-        return composite_verdict_rates(verdict)
+        """The rates that decide a composite verdict: seen-pair accuracy, held-out x-10 and x-6."""
+        return {"seen": verdict["seen_accuracy"], "x-10": verdict["held_out_inferential"],
+                "x-6": verdict["held_out_symmetric"]}
 
     def metric_words(self) -> dict[str, str]:
         return {"acc_seen": "seen pairs answered right (fraction)",

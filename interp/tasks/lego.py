@@ -112,45 +112,6 @@ def lego_findings(run: LoadedRun, seed: int) -> tuple[ProbeMap, LegoVerdict]:
     return probes, verdict
 
 
-def _lego_circuit_findings(verdict: LegoVerdict, circuit: Circuit, labels: dict[str, str],
-                           planted: set[str]) -> LegoVerdict:
-    """For-loop evidence from the circuit graph: a path to the logits on which an association
-    head feeds a manipulation head in the next layer, or the other way round."""
-    chains = chains_to_logits(circuit.edges)
-    looping = [(chain, steps) for chain in chains if (steps := loop_steps(chain, labels))]
-    if looping:
-        chain, steps = looping[0]
-        line = (f"circuit: {len(steps)} for-loop step(s), association and manipulation heads in consecutive layers on "
-                f"a path to the logits: {named_chain(chain, labels, planted)}")
-    elif chains:
-        chain = chains[0]
-        line = (f"circuit: no path to the logits passes from an association head to a manipulation head in the next "
-                f"layer or back; longest path: {named_chain(chain, labels, planted)}")
-    else:
-        chain, line = [], "circuit: no path patching edge of the circuit reaches the logits"
-    return dataclasses.replace(verdict, circuit_chain=chain, findings_from_circuit=[line])
-
-
-def _lego_verdict_html(verdict: dict[str, Any]) -> str:
-    lines = verdict["findings"] + verdict.get("findings_from_circuit", [])
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-    rules = verdict.get("parity_rules")  # Z2 only
-    rows = [[f"#{i}", rate(a), "yes" if s else "no", or_never(verdict["learned_step"][i]),
-             *([f"{rules[i]['rule']} ({rules[i]['agreement']:.2f})"] if rules else [])]
-            for i, (a, s) in enumerate(zip(verdict["acc_per_var"], verdict["supervised"]))]
-    header = ["variable", "test accuracy", "supervised", "learned at step", *(["closest parity rule"] if rules else [])]
-    return f"<ul>{items}</ul>" + table_html(rows, header)
-
-
-def _lego_probes_html(probes: dict[str, Any]) -> str:
-    fig = plots.heatmap(probes["accuracy"], "chain depth", "layer (0: embedding, k: after block k-1)", "probe accuracy",
-                        probes["depth_names"], 0.0, 1.0, "viridis")
-    note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
-            f"{', '.join(map(or_never, probes['first_layer']))}; {percolation_summary(probes['first_layer'])}.")
-    caption = "Linear probe accuracy for each variable's value at its own token."
-    return figure_html(fig, caption) + f"<p>{html.escape(note)}</p>"
-
-
 def parity_rules_section(rules: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
     """A report section (title, html): the parity rule each model's answers follow per variable
     (`ParityRule.summary()` lists by model name), with how to read it."""
@@ -205,10 +166,6 @@ PLANTED_NOTE = (
     "association head) and <code>zoo/lego-three-hops</code> (a curriculum from it: n = 8, #0-#4, three hops).")
 
 
-def _lego_curves(run: LoadedRun) -> plt.Figure:
-    return lego_curves(run.metrics, run.task.supervised_slots())
-
-
 class LegoAnalysis(TaskAnalysis):
     curves_caption = "Solid: supervised variables; dashed: not supervised (extrapolation)."
     planted_note = PLANTED_NOTE
@@ -220,17 +177,44 @@ class LegoAnalysis(TaskAnalysis):
         return json.dumps(verdict.findings)
 
     def verdict_html(self, verdict: dict[str, Any]) -> str:
-        return _lego_verdict_html(verdict)
+        lines = verdict["findings"] + verdict.get("findings_from_circuit", [])
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+        rules = verdict.get("parity_rules")  # Z2 only
+        rows = [[f"#{i}", rate(a), "yes" if s else "no", or_never(verdict["learned_step"][i]),
+                 *([f"{rules[i]['rule']} ({rules[i]['agreement']:.2f})"] if rules else [])]
+                for i, (a, s) in enumerate(zip(verdict["acc_per_var"], verdict["supervised"]))]
+        header = ["variable", "test accuracy", "supervised", "learned at step",
+                  *(["closest parity rule"] if rules else [])]
+        return f"<ul>{items}</ul>" + table_html(rows, header)
 
     def probes_html(self, probes: dict[str, Any]) -> str:
-        return _lego_probes_html(probes)
+        fig = plots.heatmap(probes["accuracy"], "chain depth", "layer (0: embedding, k: after block k-1)",
+                            "probe accuracy", probes["depth_names"], 0.0, 1.0, "viridis")
+        note = (f"Chance {probes['chance']:.2f}. First layer reaching {probes['threshold']:.0%} per depth: "
+                f"{', '.join(map(or_never, probes['first_layer']))}; {percolation_summary(probes['first_layer'])}.")
+        caption = "Linear probe accuracy for each variable's value at its own token."
+        return figure_html(fig, caption) + f"<p>{html.escape(note)}</p>"
 
     def curves(self, run: LoadedRun) -> plt.Figure:
-        return _lego_curves(run)
+        return lego_curves(run.metrics, run.task.supervised_slots())
 
     def circuit_findings(self, verdict: LegoVerdict, circuit: Circuit, labels: dict[str, str],
-                         planted: set[str]) -> LegoVerdict:
-        return _lego_circuit_findings(verdict, circuit, labels, planted)
+                               planted: set[str]) -> LegoVerdict:
+        """For-loop evidence from the circuit graph: a path to the logits on which an association
+        head feeds a manipulation head in the next layer, or the other way round."""
+        chains = chains_to_logits(circuit.edges)
+        looping = [(chain, steps) for chain in chains if (steps := loop_steps(chain, labels))]
+        if looping:
+            chain, steps = looping[0]
+            line = (f"circuit: {len(steps)} for-loop step(s), association and manipulation heads in consecutive "
+                    f"layers on a path to the logits: {named_chain(chain, labels, planted)}")
+        elif chains:
+            chain = chains[0]
+            line = (f"circuit: no path to the logits passes from an association head to a manipulation head in the "
+                    f"next layer or back; longest path: {named_chain(chain, labels, planted)}")
+        else:
+            chain, line = [], "circuit: no path patching edge of the circuit reaches the logits"
+        return dataclasses.replace(verdict, circuit_chain=chain, findings_from_circuit=[line])
 
     def verdict_label(self, verdict: dict[str, Any]) -> str:
         return lego_verdict_label(verdict)

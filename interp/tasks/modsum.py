@@ -42,10 +42,6 @@ def modsum_verdict(model: HookedTransformer, task: ModsumTask, n: int = 2000, se
     return ModsumVerdict("learned" if accuracy >= threshold else "unlearned", accuracy, round(1 / task.cfg.p, 4))
 
 
-def _findings(run: LoadedRun, seed: int) -> tuple[None, ModsumVerdict]:
-    return None, modsum_verdict(run.model, run.task, seed=seed)
-
-
 def modsum_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
     """Test accuracy over steps, and loss."""
     records = [m for m in metrics if "acc" in m]
@@ -73,7 +69,7 @@ class ModsumAnalysis(TaskAnalysis):
     curves_caption = "Test accuracy on fresh sums, and loss."
 
     def findings(self, run: LoadedRun, seed: int) -> tuple[None, ModsumVerdict]:
-        return _findings(run, seed)
+        return None, modsum_verdict(run.model, run.task, seed=seed)
 
     def headline(self, verdict: ModsumVerdict) -> str:
         return f"{verdict.verdict} (test accuracy {verdict.accuracy}, chance {verdict.chance})"

@@ -49,10 +49,6 @@ def templates_verdict(model: HookedTransformer, task: TemplatesTask, n: int = 20
     return TemplatesVerdict(verdict, accuracy, round(task.chance_accuracy(), 4))
 
 
-def _templates_findings(run: LoadedRun, seed: int) -> tuple[None, TemplatesVerdict]:
-    return None, templates_verdict(run.model, run.task, seed=seed)
-
-
 def templates_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
     """Test accuracy (symbols never seen in training) over steps, per class where there are
     classes, and loss."""
@@ -75,7 +71,7 @@ class TemplatesAnalysis(TaskAnalysis):
     curves_caption = "Accuracy on strings of test symbols, never seen in training."
 
     def findings(self, run: LoadedRun, seed: int) -> tuple[None, TemplatesVerdict]:
-        return _templates_findings(run, seed)
+        return None, templates_verdict(run.model, run.task, seed=seed)
 
     def headline(self, verdict: TemplatesVerdict) -> str:
         return f"{verdict.verdict} (accuracy per symbol split {verdict.accuracy})"
