@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer
 
-from interp.outside import OutsideAnalysis, PromptPairs, analyze_model, non_finite_line
+from interp.outside import OutsideAnalysis, PromptPairs, analyze_model, non_finite_clause
 from models.run_folder import RunFolder
 from models.runs import ANALYSIS, ERROR_LOG, LOCK, REPORT, run_lock
 from tasks import ConfigError
@@ -183,5 +183,5 @@ def summary_lines(analysis: OutsideAnalysis) -> list[str]:
                       for head, label in enumerate(row))
     lines = [f"circuit: {', '.join(circuit.nodes) or 'no heads'} (faithfulness {circuit.faithfulness}); edges: {edges}",
              f"head labels: {labels}"]
-    warning = non_finite_line(analysis.model)
-    return [f"warning: the model's{warning.removeprefix('. Its')}", *lines] if warning else lines
+    bad = non_finite_clause(analysis.model)
+    return [f"warning: the model's {bad}", *lines] if bad else lines

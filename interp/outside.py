@@ -237,14 +237,15 @@ def _model_line(cfg: dict[str, Any]) -> str:
     parts = [f"{cfg['n_layers']} layers x {cfg['n_heads']} heads, d_model {cfg['d_model']}",
              "causal" if cfg["causal"] else "bidirectional", "attention only" if cfg["attn_only"] else "with MLPs",
              f"normalization {cfg['normalization_type']}"]
-    return ", ".join(parts) + non_finite_line(cfg)
+    bad = non_finite_clause(cfg)
+    return ", ".join(parts) + (f". Its {bad}" if bad else "")
 
 
-def non_finite_line(cfg: dict[str, Any]) -> str:
-    """Where the model's weights hold NaN or infinity, a sentence saying so (every number measured
-    on it is then undefined), else ""."""
+def non_finite_clause(cfg: dict[str, Any]) -> str:
+    """Where the model's weights hold NaN or infinity, "weights hold NaN or infinity (...): every
+    number measured on it is undefined", naming the tensors; else ""."""
     bad = cfg.get("non_finite_weights") or []
-    return (f". Its weights hold NaN or infinity ({len(bad)} tensors: {', '.join(bad[:3])}"
+    return (f"weights hold NaN or infinity ({len(bad)} tensors: {', '.join(bad[:3])}"
             f"{', ...' if len(bad) > 3 else ''}): every number measured on it is undefined" if bad else "")
 
 

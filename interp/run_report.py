@@ -38,7 +38,7 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345,
                                  f"or of another version; run `workbench analyze {run.path}` again") from None
     _timeline_section(report, run)
     report.add("Training curves", _curves_html(run))
-    labels = (written or {}).get("heads", {}).get("labels") if isinstance(written, dict) else None
+    labels = written["heads"]["labels"] if written else None  # read by analysis_sections above
     report.add("Attention patterns", _attention_html(report, run, n_examples, seed, labels))
     config = run.config.to_json()
     report.add("Configuration", f"<pre>{html.escape(config)}</pre>",

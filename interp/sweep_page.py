@@ -49,8 +49,14 @@ def choose_axes(grid: dict[str, list[Any]]) -> dict[str, Any]:
             "seed": SEED_KEY if SEED_KEY in grid else None}
 
 
-def _same(a: Any, b: Any) -> bool:
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+def _key(value: Any) -> str:
+    """A grid value as JSON: the form in which the page compares values (1 and 1.0 differ)."""
+    return json.dumps(value, sort_keys=True)
+
+
+def _place(facet: dict[str, Any], x: Any, y: Any) -> str:
+    """A square's key: its facet point and its x and y values."""
+    return _key([facet, x, y])
 
 
 def facet_points(grid: dict[str, list[Any]], facets: list[str]) -> list[dict[str, Any]]:
@@ -67,26 +73,13 @@ def group_cells(cells: list[Cell], grid: dict[str, list[Any]], axes: dict[str, A
     cell is placed once, by its values of the drawn keys (linear in the cells)."""
     xs = grid[axes["x"]] if axes["x"] else [None]
     ys = grid[axes["y"]] if axes["y"] else [None]
-    drawn = _drawn_keys(axes)
     by_place: dict[str, list[Cell]] = {}
     for cell in cells:
-        by_place.setdefault(_place({key: cell.point.get(key) for key in drawn}), []).append(cell)
-    groups = []
-    for facet in facet_points(grid, axes["facets"]):
-        for y in ys:
-            for x in xs:
-                where = {**facet, **({axes["x"]: x} if axes["x"] else {}), **({axes["y"]: y} if axes["y"] else {})}
-                groups.append({"facet": facet, "x": x, "y": y, **_majority(by_place.get(_place(where), []))})
-    return groups
-
-
-def _drawn_keys(axes: dict[str, Any]) -> list[str]:
-    return [*axes["facets"], *(key for key in (axes["x"], axes["y"]) if key)]
-
-
-def _place(values: dict[str, Any]) -> str:
-    """A square's key: its values of the drawn keys as JSON, compared as `_same` compares values."""
-    return json.dumps(dict(sorted(values.items())), sort_keys=True)
+        facet = {key: cell.point.get(key) for key in axes["facets"]}
+        x, y = (cell.point.get(axes[a]) if axes[a] else None for a in ("x", "y"))
+        by_place.setdefault(_place(facet, x, y), []).append(cell)
+    return [{"facet": facet, "x": x, "y": y, **_majority(by_place.get(_place(facet, x, y), []))}
+            for facet in facet_points(grid, axes["facets"]) for y in ys for x in xs]
 
 
 def _majority(runs: list[Cell]) -> dict[str, Any]:
@@ -149,9 +142,9 @@ def grid_figure(page: dict[str, Any]) -> plt.Figure:
                                figsize=(2.0 + square[0] * len(xs), (1.0 + square[1] * len(ys)) * len(facets)))
     by_facet: dict[str, list[dict[str, Any]]] = {}
     for group in groups:
-        by_facet.setdefault(_place(group["facet"]), []).append(group)
+        by_facet.setdefault(_key(group["facet"]), []).append(group)
     for ax, facet in zip(panels[:, 0], facets):
-        _draw_panel(ax, by_facet.get(_place(facet), []), xs, ys, colours, written)
+        _draw_panel(ax, by_facet.get(_key(facet), []), xs, ys, colours, written)
         ax.set(xticks=range(len(xs)) if axes["x"] else [], xticklabels=[_value(v) for v in xs] if axes["x"] else [],
                yticks=range(len(ys)) if axes["y"] else [], yticklabels=[_value(v) for v in ys] if axes["y"] else [],
                xlabel=axes["x"] or "", ylabel=axes["y"] or "",
@@ -168,7 +161,7 @@ def _draw_panel(ax: plt.Axes, groups: list[dict[str, Any]], xs: list[Any], ys: l
     image = np.ones((len(ys), len(xs), 3))
     row, column = _positions(ys), _positions(xs)
     for group in groups:
-        i, j = row[_place({"v": group["y"]})], column[_place({"v": group["x"]})]
+        i, j = row[_key(group["y"])], column[_key(group["x"])]
         colour = to_rgb(colours.get(group["label"], NO_VERDICT_COLOUR))
         image[i, j] = colour
         dark = 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2] < 0.55
@@ -195,8 +188,8 @@ def cell_text(group: dict[str, Any]) -> str:
 
 
 def _positions(values: list[Any]) -> dict[str, int]:
-    """An axis's values by their place key -> their position on the axis."""
-    return {_place({"v": value}): i for i, value in enumerate(values)}
+    """An axis's values (by `_key`) -> their position on the axis."""
+    return {_key(value): i for i, value in enumerate(values)}
 
 
 def _value(value: Any) -> str:
@@ -283,8 +276,7 @@ def grid_table_html(page: dict[str, Any]) -> str:
     grid, axes = page["grid"], page["axes"]
     xs = grid[axes["x"]] if axes["x"] else [None]
     ys = grid[axes["y"]] if axes["y"] else [None]
-    by_place = {_place({**g["facet"], **({axes["x"]: g["x"]} if axes["x"] else {}),
-                        **({axes["y"]: g["y"]} if axes["y"] else {})}): g for g in page["groups"]}
+    by_place = {_place(g["facet"], g["x"], g["y"]): g for g in page["groups"]}
     parts = []
     for facet in facet_points(grid, axes["facets"]):
         if facet:
@@ -293,8 +285,7 @@ def grid_table_html(page: dict[str, Any]) -> str:
         for y in reversed(ys):
             row = [html.escape(f"{axes['y']}={_value(y)}") if axes["y"] else ""]
             for x in xs:
-                group = by_place[_place({**facet, **({axes["x"]: x} if axes["x"] else {}),
-                                         **({axes["y"]: y} if axes["y"] else {})})]
+                group = by_place[_place(facet, x, y)]
                 head = html.escape(cell_text(group).replace("\n", "; "))
                 row.append(f"<div class='verdict-cell'><b>{head}</b></div>" +
                            "".join(_run_line(page["cells"][name], axes["seed"], page["folder"])
