@@ -8,7 +8,9 @@ the page (analyses/RESULTS.md) as one self-contained HTML file.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from analyses.findings.figures import ROOT, draw_all
@@ -27,14 +29,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="where findings.html goes (default: %(default)s)")
     parser.add_argument("--page", type=Path, default=PAGE, help="the markdown page to render (default: %(default)s)")
     args = parser.parse_args(argv)
-    figures = draw_all(args.figures)
-    try:
-        markdown = read_regular(args.page, PAGE_LIMIT).decode()
-        html = render_page(markdown, args.page.resolve().parent, {p.name: p for p in figures}, "Findings",
-                           page_folder=args.out)
-    except (PageError, RunFolderError, UnicodeDecodeError) as err:
-        print(f"python -m analyses.findings: {args.page}: {err}", file=sys.stderr)
-        return 2
+    with tempfile.TemporaryDirectory() as drawn:  # kept only if the page renders: a refused page writes nothing
+        figures = draw_all(Path(drawn))
+        try:
+            markdown = read_regular(args.page, PAGE_LIMIT).decode()
+            html = render_page(markdown, args.page.resolve().parent, {p.name: p for p in figures}, "Findings",
+                               page_folder=args.out)
+        except (PageError, RunFolderError, UnicodeDecodeError) as err:
+            print(f"python -m analyses.findings: {args.page}: {err}", file=sys.stderr)
+            return 2
+        args.figures.mkdir(parents=True, exist_ok=True)
+        figures = [Path(shutil.copyfile(path, args.figures / path.name)) for path in figures]
     args.out.mkdir(parents=True, exist_ok=True)
     page = args.out / "findings.html"
     page.write_text(html)

@@ -118,9 +118,12 @@ def _special_damage(path: Path, kind: str) -> bool:
 def damage(path: Path, kind: str, outside: Path) -> None:
     if _special_damage(path, kind):
         return
-    if kind == "symlink-folder":  # the folder moved beside the user's files, a link to it in its place
+    if kind == "symlink-folder":  # the folder moved beside the user's files (or made there), a link to it in its place
         target = outside / f"{path.name}.other-run"
-        path.rename(target)
+        if path.exists():
+            path.rename(target)
+        else:
+            target.mkdir()
         path.symlink_to(target, target_is_directory=True)
         return
     data = path.read_bytes()

@@ -189,15 +189,6 @@ def test_an_out_folder_that_cannot_be_created_exits_2(tmp_path, capsys):
     assert_refused(code, capsys.readouterr().err, "cannot be created")
 
 
-@pytest.mark.parametrize("name", ["", " "])
-def test_an_empty_preset_name_exits_2_and_trains_nothing(tmp_path, capsys, name):
-    """`--preset ''` trained the default preset without a word."""
-    out = tmp_path / "run"
-    code = main(["train", "--preset", name, "--out", str(out), "--set", "train.steps=2", "--no-progress"])
-    assert_refused(code, capsys.readouterr().err, "--preset")
-    assert not out.exists()
-
-
 def test_a_model_too_large_for_memory_in_config_json_exits_2_naming_the_sizes(tmp_path, capsys):
     """A hand-edited huge d_model: report and analyze refuse it (exit 2, the sizes named) instead
     of failing on allocation with a traceback; the folder is unchanged."""

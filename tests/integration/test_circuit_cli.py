@@ -75,18 +75,6 @@ def _unmeasured(monkeypatch):
     monkeypatch.setattr(interp.circuit_compare, "measure_run_circuit", measure)
 
 
-def test_export_to_an_existing_file_or_a_link_to_one_is_exit_2_before_the_measurement(tmp_path, capsys, monkeypatch):
-    _unmeasured(monkeypatch)
-    mine = tmp_path / "mine.txt"
-    mine.write_text("keep")
-    (tmp_path / "link").symlink_to(mine)
-    for out in (mine, tmp_path / "link"):
-        assert main(["circuit-export", str(COMPOSITE), "--out", str(out)]) == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and f"--out {out} is a file" in err, err
-    assert mine.read_text() == "keep"
-
-
 def test_compare_writes_into_a_new_folder_and_refuses_a_folder_as_its_file(tmp_path, capsys, monkeypatch):
     cfg = {"n_layers": 2, "n_heads": 1, "parallel_attn_mlp": False, "d_model": 8}
     circuit = write_mib(tmp_path / "circuit.json", mib_file(cfg, ["L1H0"], [], {}, None))

@@ -19,6 +19,13 @@ writer's temporary files left beside the run's, and weights that are NaN. Every 
 SIGALRM guard (`no_hang`), so a command that blocks on a FIFO fails its row instead of hanging the
 suite.
 
+Issue 54 added rows for a subfolder that links to another run's (`snapshots/`, `states/`), a
+metrics record without a metric, NaN weights, and a second table, `INPUTS`, of what is not a
+damaged run file: settings and files that ask for too much (`train.snapshots`, a MIB cfg of a
+million layers, a MIB file past 64 MiB), text that would reach a renderer as markup (a grid value
+with `$`, a findings page with a `javascript:` link, an image from outside its figures, an open
+code fence), outputs that cannot be taken, and a lock another program holds.
+
 Rows where the product does the wrong thing are kept and marked xfail(strict=True) with what it
 does wrong; they pass (as xfails) until the product is fixed, then fail as XPASS so the mark
 comes off. How a row damages a file, makes a write fail and snapshots what the user owns is
@@ -28,19 +35,23 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import shutil
 import warnings
 from dataclasses import dataclass
+from html import unescape
 from pathlib import Path
 
 import pytest
 
+import interp.circuit_compare
 import models.curriculum
 import models.runs
 import models.safe_files
 from analyses.cli import main
+from analyses.findings.__main__ import main as findings_main
 from analyses.studies.lego_pool import TINY_CURRICULUM
 from analyses.zoo import ZOO_DIR
 from models.curriculum import train_curriculum
@@ -51,6 +62,8 @@ from models.runs import (
     LOCK,
     METRICS,
     REPORT,
+    SNAPSHOTS,
+    STATES,
     TRAIN_STATE,
     WEIGHTS,
     read_config,
@@ -79,7 +92,6 @@ SWEEP_CELL = "seed=0"  # the one cell of `--grid train.seed=0`, the base run's o
 SAFETENSORS_DAMAGE = ["deleted", "truncated", "flip-data", "flip-header", "symlink", "directory"]
 JSON_DAMAGE = ["deleted", "truncated", "bitflip", "symlink", "directory", "dup-key", "deep"]
 READ_ONLY_COMMANDS = {"analyze", "timeline", "report", "zoo", "benchmark"}
-SNAPSHOTS = "snapshots"
 SNAPSHOT_INDEX, FIRST_SNAPSHOT = "snapshots/index.json", "snapshots/step-0000000.safetensors"  # the base run keeps both
 # issue 43: special files, sizes beyond a kind's limit, numbers beyond a value's, a killed writer's temp files
 SPECIAL_FILES = ["fifo", "devzero", "socket"]
@@ -213,6 +225,9 @@ ROWS += [Row("timeline", FIRST_SNAPSHOT, kind, 2, ("{file}",)) for kind in [*SAF
 ROWS += [Row(command, METRICS, "no-train-loss", 0, ()) for command in ("analyze", "report")]
 ROWS += [Row(command, SNAPSHOTS, "symlink-folder", 2, ("{file}", "symbolic link"))
          for command in ("resume", "resume-partial")]
+ROWS += [Row("resume-partial", STATES, "symlink-folder", 2, ("{file}", "symbolic link")),  # any subfolder
+         # a finished cell is skipped: nothing is written, through the link or beside it
+         Row("sweep", f"{SWEEP_CELL}/{SNAPSHOTS}", "symlink-folder", 0, ())]
 ROWS += [Row("train", f".{CONFIG}.{DEAD_PID}.0badf00d.tmp", "temp-only", 0, ()),  # a train killed writing its config
          Row("analyze", WEIGHTS, "nan", 0, ()), Row("report", WEIGHTS, "nan", 0, ())]
 
@@ -411,3 +426,125 @@ def _check_issue_43_row(row: Row, root: Path, path: Path) -> None:
         assert "weights hold NaN" in (root / REPORT).read_text()
     if row.status == 0 and Path(row.file).name == WEIGHTS and row.command not in READ_ONLY_COMMANDS:
         verified_weights(path.parent)  # the repair left weights that are the train state's
+
+
+# ------------------------------------------------------------------------------------------------
+# the table's second part (issue 54): inputs that are not a damaged run file. A setting or a file
+# that asks for too much, text that would reach a renderer as markup, an output that cannot be
+# taken, a lock another program holds. Each row: how to set it up, the status, what the one-line
+# message names ({tmp}: the row's folder), and the one folder the command may write (None:
+# nothing at all is written).
+
+
+def _mib(tmp: Path, cfg: dict | None = None, size: int = 0) -> Path:
+    """A MIB circuit file with `cfg`, or a sparse file of `size` bytes."""
+    path = tmp / "circuit.json"
+    if size:
+        with open(path, "wb") as f:
+            f.truncate(size)
+    else:
+        path.write_text(json.dumps({"cfg": cfg, "nodes": {}, "edges": {}}))
+    return path
+
+
+def _page(tmp: Path, markdown: str) -> list[str]:
+    (tmp / "page.md").write_text(markdown)
+    return ["--figures", str(tmp / "figures"), "--out", str(tmp / "out"), "--page", str(tmp / "page.md")]
+
+
+def _lock_held_by_another_program(tmp: Path, run: Path, request) -> list[str]:
+    """This process holds the lock file's flock through its own descriptor, as another program
+    would; the file still names a writer that has gone."""
+    lock = run / LOCK
+    lock.write_text(f"{DEAD_PID}\n")
+    holder = open(lock)  # noqa: SIM115 (held until the row ends)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    request.addfinalizer(holder.close)
+    return ["train", "--out", str(run), "--resume", "--no-progress"]
+
+
+def _link_to(tmp: Path, name: str) -> Path:
+    (tmp / "mine.txt").write_bytes(NOTES)
+    if name != "mine.txt":
+        (tmp / name).symlink_to(tmp / "mine.txt")
+    return tmp / name
+
+
+def _measured(*args, **kwargs):
+    raise AssertionError("the circuit was measured before its input was checked")
+
+
+NEW_RUN = ["train", "--preset", "composite-cpu", *TINY]
+MILLION_LAYERS = {"n_layers": 1_000_000, "n_heads": 1, "parallel_attn_mlp": False, "d_model": 8}
+# id -> (argv from (tmp, a copy of the base run, request), status, named, the folder it may write)
+INPUTS = {
+    "train:snapshots=1e9": (lambda tmp, run, r: [*NEW_RUN, "--out", str(tmp / "new"), "--set",
+                                                 "train.snapshots=1000000000"], 2, ("train.snapshots",), None),
+    "train:snapshots=1e8": (lambda tmp, run, r: [*NEW_RUN, "--out", str(tmp / "new"), "--set",
+                                                 "train.snapshots=100000000"], 2, ("train.snapshots",), None),
+    "train:empty-preset": (lambda tmp, run, r: ["train", "--preset", "", "--out", str(tmp / "new"), "--no-progress"],
+                           2, ("--preset",), None),
+    "train:blank-preset": (lambda tmp, run, r: ["train", "--preset", " ", "--out", str(tmp / "new"), "--no-progress"],
+                           2, ("--preset",), None),
+    "resume:lock-held-by-another-program": (lambda tmp, run, r: _lock_held_by_another_program(tmp, run, r), 2,
+                                            ("pid unknown", f"names pid {DEAD_PID}, which is not running"), None),
+    "circuit-compare:mib-cfg-a-million-layers": (lambda tmp, run, r: ["circuit-compare", str(_mib(tmp, MILLION_LAYERS)),
+                                                                      str(_mib(tmp, MILLION_LAYERS))],
+                                                 2, ("{tmp}/circuit.json", "n_layers=1000000"), None),
+    "circuit-compare:mib-beyond-64-mib": (lambda tmp, run, r: ["circuit-compare", str(_mib(tmp, size=(64 << 20) + 1)),
+                                                               str(tmp / "circuit.json")],
+                                          2, ("{tmp}/circuit.json",), None),
+    "circuit-compare:out-a-folder": (lambda tmp, run, r: ["circuit-compare", str(run), str(run), "--out", str(tmp)],
+                                     2, ("--out",), None),
+    "circuit-export:out-a-file": (lambda tmp, run, r: ["circuit-export", str(run), "--out",
+                                                       str(_link_to(tmp, "mine.txt"))],
+                                  2, ("--out {tmp}/mine.txt is a file",), None),
+    "circuit-export:out-a-link-to-a-file": (lambda tmp, run, r: ["circuit-export", str(run), "--out",
+                                                                 str(_link_to(tmp, "link"))],
+                                            2, ("--out {tmp}/link is a file",), None),
+    # the cell fails (no run at `$x^$`), the page is written with the value as text
+    "sweep:grid-value-with-mathtext": (lambda tmp, run, r: ["sweep", "--preset", "composite-cpu", "--grid",
+                                                            "train.init_from=$x^$", "--out", str(tmp / "sweep"),
+                                                            "--workers", "1", *TINY],
+                                       2, ('init_from="$x^$"', "$x^$ holds no run"), "sweep"),
+    "findings:javascript-link": (lambda tmp, run, r: _page(tmp, "[x](javascript:alert(1))"), 2,
+                                 ("{tmp}/page.md", "javascript:alert(1"), None),
+    "findings:image-outside-its-figures": (lambda tmp, run, r: _page(tmp, "![x](/etc/hostname)"), 2,
+                                           ("{tmp}/page.md", "/etc/hostname"), None),
+    "findings:image-dev-zero": (lambda tmp, run, r: _page(tmp, "![x](/dev/zero)"), 2,
+                                ("{tmp}/page.md", "/dev/zero"), None),
+    "findings:unterminated-code-fence": (lambda tmp, run, r: _page(tmp, "text\n\n```python\nprint(1)\n"), 2,
+                                         ("{tmp}/page.md: line 3 opens a code block",), None),
+}
+
+
+@pytest.mark.parametrize("case", list(INPUTS))
+def test_hostile_input(case, base_run, tmp_path, capsys, monkeypatch, request):
+    setup, status, named, writes = INPUTS[case]
+    if case.startswith("circuit-"):  # every refusal comes before the measurement: reaching it fails the row
+        monkeypatch.setattr(interp.circuit_compare, "measure_run_circuit", _measured)
+    run = tmp_path / "run"
+    shutil.copytree(base_run, run)
+    argv = setup(tmp_path, run, request)
+    command = findings_main if case.startswith("findings:") else main
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True), no_hang(120):
+        warnings.simplefilter("always")
+        code = command(argv)
+    captured = capsys.readouterr()
+    where = f"exit {code}\nstderr: {captured.err[-3000:]}"
+    print(where)
+
+    assert code == status, where
+    assert "Traceback" not in captured.err + captured.out, where
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1, where
+    assert all(part.format(tmp=tmp_path) in lines[0] for part in named), where
+    after = snapshot(tmp_path)
+    if writes is None:
+        assert after == before, where
+    else:
+        assert under(after, writes, False) == under(before, writes, False), where
+    if case == "sweep:grid-value-with-mathtext":
+        assert "$x^$" in unescape((tmp_path / "sweep" / "report.html").read_text())

@@ -124,13 +124,3 @@ def test_links_to_the_web_files_and_anchors_stay_live():
     text = render_page("[a](https://x.org/p) [b](#top) [c](lab/notes.md) [d](http://y.org)", ROOT, {}, "t", ROOT)
     assert 'href="https://x.org/p"' in text and 'href="#top"' in text and 'href="http://y.org"' in text
     assert 'href="lab/notes.md"' in text  # relative to the page's folder (here the markdown's own)
-
-
-def test_a_page_the_renderer_refuses_is_exit_2_naming_the_file_and_nothing_is_written(tmp_path, capsys):
-    page = tmp_path / "page.md"
-    page.write_text("text\n\n```python\nprint(1)\n")
-    out = tmp_path / "out"
-    assert main(["--figures", str(tmp_path / "fig"), "--out", str(out), "--page", str(page)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"{page}: line 3 opens a code block" in err, err
-    assert not out.exists()
