@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
 from models.runs import read_metrics  # noqa: E402
@@ -96,10 +97,10 @@ def lego_per_variable(data: dict[str, Any]) -> plt.Figure:
 
 
 def templates_efficiency(data: dict[str, Any]) -> plt.Figure:
-    """Three panels against the number of training symbols: the 600-step losses (plain vs
-    augmented), the test errors of transformers and MLPs by input setting, and the losses
-    trained to the stop rule."""
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(12, 3.7))
+    """Four panels against the number of training symbols: the 600-step losses (plain vs
+    augmented), the test errors of transformers and MLPs by input setting, the losses trained to
+    the stop rule, and the copy template's errors by width."""
+    fig, (left, middle, right, copy) = plt.subplots(1, 4, figsize=(16, 3.7))
     short = data["steps600"]
     for name, colour in (("plain", "#555555"), ("augmented", "#2471a3")):
         series = short[name]
@@ -128,10 +129,21 @@ def templates_efficiency(data: dict[str, Any]) -> plt.Figure:
         right.plot(long["n"], series["loss"], style, marker=marker, ms=3, color=colour, label=series["label"])
     right.set(xscale="log", yscale="log", xlabel="training symbols n", ylabel="test loss, unseen symbols",
               title="stop rule, up to 3,000 steps")
-    for ax in (left, middle, right):
+    widths = data["copy_width"]
+    shades = {32: "#a9cce3", 128: "#5499c7", 256: "#1b4f72"}
+    for series in widths["series"]:
+        plain = series["variant"] == "plain"
+        errors = [np.nan if e is None else e for e in series["error"]]
+        copy.plot(widths["n"], errors, "-" if plain else "--", marker="o" if plain else "s", ms=3,
+                  color=shades[series["width"]], label=f"{series['variant']}, d {series['width']}")
+    copy.axhline(0.05, color="#999999", lw=0.6, ls=":")
+    copy.set(xscale="log", xlabel="training symbols n", ylabel="test error, unseen symbols", ylim=(-0.03, 1.05),
+             title="copy, by width (stop rule, seed 0)")
+    for ax in (left, middle, right, copy):
         ax.title.set_fontsize(9)
         ax.legend(fontsize=6.5)
-    fig.suptitle("Templates, same-different: data efficiency (augmented = identity scalars a_h, b_h)", fontsize=10)
+    fig.suptitle("Templates: same-different data efficiency, and copying by width "
+                 "(augmented = identity scalars a_h, b_h)", fontsize=10)
     fig.tight_layout()
     return fig
 
