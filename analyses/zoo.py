@@ -173,7 +173,7 @@ def build(name: str, zoo_dir: Path = ZOO_DIR, progress: bool = True, device: str
     reads that folder relative to the repository root, whatever the current folder. `device`
     (e.g. "cuda") trains it there: the weights are then close to, not bit-equal to, a CPU build.
     Weights over MAX_WEIGHT_BYTES in fp32 are kept in float16 (`_fit_weights`)."""
-    from models.train import Trainer
+    from models.train import train
 
     entry, threads, cwd = zoo_entry(name), torch.get_num_threads(), Path.cwd()
     overrides = (*entry.overrides, f'train.device="{device}"') if device else entry.overrides
@@ -185,7 +185,7 @@ def build(name: str, zoo_dir: Path = ZOO_DIR, progress: bool = True, device: str
             if entry.curriculum is None:
                 run_dir = Path(scratch) / entry.name
                 cfg = get_preset(entry.preset).with_overrides(list(overrides))
-                Trainer(cfg, run_dir, progress=progress).fit()
+                train(cfg, run_dir, progress=progress)
             else:  # the stages in runs/zoo-stages/NAME (resumable), the last one kept
                 run_dir = train_curriculum(get_curriculum(entry.curriculum), STAGES_DIR / entry.name,
                                            overrides, progress=progress)[-1].folder

@@ -74,7 +74,7 @@ def train_curriculum(curriculum: Curriculum, out: Path | str, overrides: Sequenc
     """Train every stage of `curriculum` into OUT/<stage>, in order. A finished stage is kept, a
     partial one resumes, so a killed curriculum continues where it stopped; a stage folder that
     holds a run of another config is refused before anything trains."""
-    from models.train import Trainer
+    from models.train import train
 
     folders = curriculum.folders(out)
     configs = curriculum.configs(folders, overrides)
@@ -89,7 +89,7 @@ def train_curriculum(curriculum: Curriculum, out: Path | str, overrides: Sequenc
             raise RunFolderError(f"stage {folder.name} diverged ({folder / 'metrics.jsonl'}); the stages after it "
                                  "cannot start from it")
         if state != "done":
-            Trainer(cfg, folder, resume=state == "partial", progress=progress).fit()
+            train(cfg, folder, resume=state == "partial", progress=progress)
         final = read_metrics(folder)[-1]
         results.append(StageResult(folder.name, folder, {"done": "found", "partial": "resumed"}.get(state, "trained"),
                                    float(final.get("elapsed_s", 0.0)), final))

@@ -297,7 +297,9 @@ class Stack:
         hyper, masked = self._hyper(lrs, depth)
         options = StepOptions(self.size, depth, masked, self.precision == "bf16", self.device.type, self.adam,
                               self.loss)
-        inputs = stack_batches(self.last)
+        inputs = stack_batches(self.last)  # the members' batches, sampled on the CPU
+        if self.device.type == "cuda":  # pinned, so that the copies to the device below do not wait
+            inputs = tuple(t.pin_memory() if t.device.type == "cpu" else t for t in inputs)
         if self.compile and self.device.type == "cuda":
             return self._replay(options, inputs, hyper)
         args = [t.to(self.device, non_blocking=True) for t in (*inputs, hyper)]

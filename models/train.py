@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from models.config import RunConfig, TrainConfig
-from models.device import bf16_supported, check_precision, deterministic_kernels, resolve_device, to_device
+from models.device import bf16_supported, check_precision, deterministic_kernels, resolve_device
 from models.factory import build_model, forward, unique_parameters
 from models.memory import EVAL_CHUNK, check_memory
 from models.run_folder import RunFolder
@@ -158,6 +158,12 @@ class Epochs:
         return self.train_set.select(self._order[1][index * self.batch_size:(index + 1) * self.batch_size])
 
 
+def train(cfg: RunConfig, folder: RunFolder | str | Path, *, resume: bool = False,
+          progress: bool = True) -> TrainResult:
+    """Train one run into `folder` (resume it with `resume=True`): `Trainer(...).fit()`."""
+    return Trainer(cfg, folder, resume=resume, progress=progress).fit()
+
+
 def train_runs(runs: list[Trainer], progress: bool = True, desc: str | None = None) -> list[Any]:
     """Train every run to its end, together: per run its TrainResult, or for a member of a larger
     ensemble the TrainingDiverged that ended it (a lone run raises it). Every run's folder is
@@ -250,6 +256,8 @@ class Trainer:
         check_compile(self.device, cfg.train.compile)
         check_memory(cfg, self.task, self.device)  # before anything is allocated or written
         self.model = build_model(cfg.model, self.task, seed=cfg.train.seed, device=self.device)
+        # by name, each shared one once; training updates them in place, so these stay the model's
+        self.params = unique_parameters(self.model)
         self.groups = self._param_groups()
         self.moments: dict[str, Moments] = {}  # AdamW's state by parameter name, filled by the stack
         seed = cfg.train.seed
@@ -266,7 +274,7 @@ class Trainer:
         # checked before anything is written; a resumed run starts from its own checkpoint instead
         self.init = (None if resume or cfg.train.init_from is None
                      else starting_weights(cfg, self.model, Path(cfg.train.init_from)))
-        self.snapshots = self._snapshot_keeper()
+        self.snapshots: SnapshotKeeper | None = None  # opened when the run starts or resumes
         # the whole training state of the last evaluation, kept in states/ if the next one is an event
         self.held_moment: Moment | None = None
 
@@ -304,7 +312,7 @@ class Trainer:
         state. Weight decay on weight matrices only (`weight_decay_on="all"`: on every
         parameter); the identity-attention scalars at `identity_lr_scale` times the lr when it is
         not 1 (they decay only under "all")."""
-        train, params = self.cfg.train, unique_parameters(self.model)
+        train, params = self.cfg.train, self.params
         leaf = {n: n.rsplit(".", 1)[-1] for n in params}
         scaled = {n for n in params if leaf[n] in IDENTITY_SCALARS} if train.identity_lr_scale != 1 else set()
         decays = (lambda n: True) if train.weight_decay_on == "all" else (lambda n: leaf[n].startswith("W_"))
@@ -360,7 +368,7 @@ class Trainer:
         snapshot, the evaluation (and the stop rule) and the checkpoint where they are due."""
         train = self.cfg.train
         if self.snapshots is not None and self.snapshots.due(self.step):
-            self.snapshots.after_step(self.step, unique_parameters(self.model))
+            self.snapshots.after_step(self.step, self.params)
         self.elapsed = time.perf_counter() - self.started
         if self.step % train.eval_every == 0 or self.step == train.steps:
             self.record = self._evaluate()
@@ -392,8 +400,9 @@ class Trainer:
             self.folder.write_init(record)
         if self.cfg.train.mimic_steps:
             self._mimic()
+        self.snapshots = self._snapshot_keeper()
         if self.snapshots is not None:  # step 0: the weights training starts from
-            self.snapshots.start(unique_parameters(self.model))
+            self.snapshots.start(self.params)
 
     def _mimic(self) -> None:
         """Mimicking pre-training (models/mimic.py) from its own seed; its losses go to mimic.json.
@@ -406,10 +415,11 @@ class Trainer:
                                  "loss": losses[:: max(1, len(losses) // 100)]})
 
     def _next_batch(self) -> Batch:
+        """The next training batch, on the CPU (the stack moves the members' batches to the device
+        together)."""
         if self.epochs is not None:
-            return to_device(self.epochs.batch(self.step), self.device)
-        return to_device(next_training_batch(self.task, self.train_set, self.cfg.train.batch_size, self.data_gen),
-                         self.device)
+            return self.epochs.batch(self.step)
+        return next_training_batch(self.task, self.train_set, self.cfg.train.batch_size, self.data_gen)
 
     def _check_finite(self) -> None:
         """The divergence check of a GPU run, where the loss is not read every step: at each
@@ -444,7 +454,7 @@ class Trainer:
         }
         self.loss_sum, self.loss_count = 0.0, 0
         if self.snapshots is not None:
-            events = self.snapshots.at_evaluation(self.step, record, unique_parameters(self.model))
+            events = self.snapshots.at_evaluation(self.step, record, self.params)
             if events:
                 record["snapshot_events"] = events
                 if self.held_moment is not None and len(self.folder.kept_moments()) < MAX_EVENT_SNAPSHOTS:
@@ -502,7 +512,7 @@ class Trainer:
         state = {index: {"step": torch.tensor(float(m.steps), dtype=torch.float32), "exp_avg": m.exp_avg,
                          "exp_avg_sq": m.exp_avg_sq}
                  for index, name in enumerate(self.groups) if (m := self.moments.get(name)) is not None}
-        weights = {name: p.detach().clone() for name, p in unique_parameters(self.model).items()}
+        weights = {name: p.detach().clone() for name, p in self.params.items()}
         return Moment(Progress(self.step, self.elapsed, self.loss_sum, self.loss_count), weights, state,
                       {name: gen.get_state() for name, gen in self.generators.items()})
 
@@ -515,9 +525,8 @@ class Trainer:
             self._begin_at_step_0()
             return
         load_weights(self.model, checkpoint.weights, source=checkpoint.path)
-        params = unique_parameters(self.model)
         names = list(self.groups)
-        state = checkpoint.optimizer_state([params[n] for n in names], self.device)
+        state = checkpoint.optimizer_state([self.params[n] for n in names], self.device)
         self.moments.update({names[index]: Moments(entry["exp_avg"], entry["exp_avg_sq"], int(entry["step"].item()))
                              for index, entry in state.items()})
         checkpoint.restore_generators(self.generators)
@@ -527,6 +536,7 @@ class Trainer:
         self.loss_sum = float(progress.loss_sum)
         self.folder.restore_weights_file(checkpoint)
         self.folder.drop_metrics_after(self.step)
+        self.snapshots = self._snapshot_keeper()
         if self.snapshots is not None:
             self.snapshots.resume(self.step, self.folder.metrics(), checkpoint.weights)
 
@@ -547,5 +557,5 @@ def train_or_load(cfg: RunConfig, run_dir: str | Path, progress: bool = True) ->
     if folder.holds_run() and not same_recipe(read_config(folder.path), cfg):
         raise ConfigError(f"{run_dir} holds a run with another config; choose another folder or load it with load_run")
     if run_state(folder.path, cfg) != "done":
-        Trainer(cfg, folder, resume=folder.has_checkpoint(), progress=progress).fit()
+        train(cfg, folder, resume=folder.has_checkpoint(), progress=progress)
     return load_run(folder.path)

@@ -6,7 +6,7 @@ to a module it had already left.
 
 What is traced: `train_run` of a tiny lego-cpu run (2 layers, d 32, 2 steps) in a temporary
 folder, under `sys.setprofile`, until the first call of `Stack.step` (models/step.py), the first
-training step: so `Trainer(...)` construction, then `fit()` up to that step (the folder's lock,
+training step: so `models.train.train`: `Trainer(...)` construction, then `fit()` up to that step (the folder's lock,
 `_start`, `begin_loop`, the stack, the first batch). The modules train_run imports are imported
 beforehand, so imports are not part of the walk. Only Python functions of the project's packages
 (tasks, models, interp, analyses: files of this checkout, not .venv) count.

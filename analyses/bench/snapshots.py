@@ -22,7 +22,7 @@ import interp.tasks  # noqa: F401 (registers each task's presets)
 from models.presets import get_preset
 from models.runs import WEIGHTS
 from models.snapshots import SnapshotKeeper, snapshot_disk_bytes
-from models.train import Trainer
+from models.train import train
 
 STEPS = {"lego-cpu": 300, "composite-matched": 600}
 QUICK_STEPS = {"lego-cpu": 60, "composite-matched": 60}
@@ -61,10 +61,10 @@ def snapshot_clock() -> Iterator[list[float]]:
 
 
 def time_run(preset: str, steps: int, snapshots: int, folder: Path) -> tuple[float, float]:
-    """Seconds of `Trainer.fit` for one run of `preset` into `folder`, and of its snapshot work."""
+    """Seconds of training (`models.train.train`) one run of `preset` into `folder`, and of its snapshot work."""
     with snapshot_clock() as spent:
         started = time.perf_counter()
-        Trainer(_config(preset, steps, snapshots), folder, progress=False).fit()
+        train(_config(preset, steps, snapshots), folder, progress=False)
         return time.perf_counter() - started, spent[0]
 
 

@@ -75,11 +75,11 @@ def config_from_file(path: Path):
 def train_run(cfg, out: Path, resume: bool, progress: bool) -> int:
     from models.run_folder import RunFolder
     from models.runs import model_sizes, out_of_memory
-    from models.train import Trainer, TrainingDiverged
+    from models.train import TrainingDiverged, train
     from tasks import ConfigError
 
     try:
-        result = Trainer(cfg, out, resume=resume, progress=progress).fit()
+        result = train(cfg, out, resume=resume, progress=progress)
     except TrainingDiverged as err:
         print(f"workbench: training diverged: {err}", file=sys.stderr)
         return EXIT_DIVERGED
@@ -88,9 +88,9 @@ def train_run(cfg, out: Path, resume: bool, progress: bool) -> int:
             raise
         if not resume:
             RunFolder(out).remove_unstarted_run()  # so that the same --out can be used again with other settings
-        train = cfg.train
+        sizes = cfg.train
         raise ConfigError(f"out of memory ({str(err).splitlines()[0][:200]}). The run's sizes: train.batch_size="
-                          f"{train.batch_size}, train.eval_size={train.eval_size}, train.n_train={train.n_train}, "
+                          f"{sizes.batch_size}, train.eval_size={sizes.eval_size}, train.n_train={sizes.n_train}, "
                           f"{model_sizes(cfg)}; lower the one that is too large") from None
     summary = {k: v for k, v in result.final.items() if not isinstance(v, dict)}  # tables (per pair) are left out
     print(f"trained {result.steps} steps in {result.seconds:.1f} s -> {out}\n{json.dumps(summary)}")

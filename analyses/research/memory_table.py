@@ -45,13 +45,13 @@ def _child(preset: str, folder: str, overrides: list[str]) -> None:
     import interp.tasks  # noqa: F401 (registers each task's presets)
     from models.memory import estimate_peak
     from models.presets import get_preset
-    from models.train import Trainer
+    from models.train import train
     from tasks import make_task
 
     cfg = get_preset(preset).with_overrides(overrides)
     estimate = estimate_peak(cfg, make_task(cfg.task)).total
     before = _resident_bytes()
-    Trainer(cfg, Path(folder) / "run", progress=False).fit()
+    train(cfg, Path(folder) / "run", progress=False)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     print(json.dumps({"estimate": estimate, "measured": peak - before}))
 

@@ -49,7 +49,7 @@ def probe_steps(run: Path, step: int, n_steps: int, overrides: list[str] | None 
         for _ in range(min(n_steps, train.steps - trainer.step)):
             batch, lr = trainer._next_batch(), trainer.learning_rate()
             before = {n: p.detach().clone() for n, p in stack.params.items()}
-            record = _gradient_record(trainer, batch, train.loss_dtype, train.softmax)
+            record = _gradient_record(trainer, batch.to(trainer.device), train.loss_dtype, train.softmax)
             loss = stack.step([batch], [lr], trainer.draw_depth())
             changes = torch.cat([(stack.params[n] - before[n]).flatten() for n in before]) / lr
             stack.copy_out(0)  # the model holds the new weights, for the next step's gradients

@@ -62,7 +62,7 @@ def settled_cell(name: str, cfg: RunConfig, path: Path) -> tuple[CellResult | No
 
 def _train_locked_cell(name: str, cfg: RunConfig, path: Path) -> CellResult:
     """`train_cell` under the cell's lock."""
-    from models.train import Trainer, TrainingDiverged
+    from models.train import TrainingDiverged, train
 
     try:  # a cell folder with a damaged config or metrics is recorded as failed, naming the file
         settled, state = settled_cell(name, cfg, path)
@@ -72,7 +72,7 @@ def _train_locked_cell(name: str, cfg: RunConfig, path: Path) -> CellResult:
         return settled
     started = time.perf_counter()
     try:
-        result = Trainer(cfg, path, resume=state == "partial", progress=False).fit()
+        result = train(cfg, path, resume=state == "partial", progress=False)
     except RunFolderError as err:
         return CellResult(name, "failed", seconds=time.perf_counter() - started, error=str(err), refused=True)
     except TrainingDiverged as err:
