@@ -230,9 +230,9 @@ DEMO_LEARNED = "lego-three-hops"  # the zoo model whose analysis the demo's repo
 
 
 def demo_learned(out: Path, analyze: Callable[[argparse.Namespace], int]) -> Path | None:
-    """Beside the demo run (whose association heads are planted), analyze a copy of the zoo's
-    learned three-hop LEGO model in OUT-learned (under a minute), and link the two reports. The
-    copy is made under a temporary name and renamed, so an interrupted copy is never taken for one.
+    """Beside the demo run, analyze a copy of the zoo's learned three-hop LEGO model in
+    OUT-learned (under a minute), and link the two reports. The copy is made under a temporary
+    name and renamed, so an interrupted copy is never taken for one.
     `analyze`: the `workbench analyze` command (analyses.cli.analyze's run), given its parsed
     arguments."""
     from models.runs import CONFIG, read_regular
@@ -253,16 +253,16 @@ def demo_learned(out: Path, analyze: Callable[[argparse.Namespace], int]) -> Pat
     return learned
 
 
-def _link_reports(planted: Path, learned: Path) -> None:
+def _link_reports(demo: Path, learned: Path) -> None:
     """Rewrite both reports with a paragraph after the summary that points at the other."""
     from interp.run_report import build_run_report
     from models.runs import REPORT, load_run, run_lock
 
-    notes = {planted: (learned, "This model's association heads are planted. For heads that were learned, with nothing "
-                                "planted or mimicked, see"),
-             learned: (planted, f"A copy of zoo/{DEMO_LEARNED}: a plain model taught three association hops by the "
-                                "lego-three-hops curriculum. For the demo's model, whose association "
-                                "heads are planted, see")}
+    notes = {demo: (learned, "For a LEGO model that learned to follow a chain of three association hops, with nothing "
+                             "planted or mimicked, see"),
+             learned: (demo, f"A copy of zoo/{DEMO_LEARNED}: a plain model taught three association hops by the "
+                             "lego-three-hops curriculum. For the demo's own model (the composite task, learned, with "
+                             "its timeline), see")}
     for run_dir, (other, words) in notes.items():
         with run_lock(run_dir):
             report = build_run_report(load_run(run_dir))

@@ -1,6 +1,7 @@
-"""`workbench demo`: the quick start. Trains the quick-start preset (a task registers it) into a new
-or empty folder, or over a run of its own; writes its report and, beside it, the zoo's learned
-model analysed (analyses/zoo.py)."""
+"""`workbench demo`: the quick start, every part of a report in minutes. Trains `composite-cpu` (a
+learned model: nothing planted) into a new or empty folder, or over a run of its own; analyses it
+and its snapshots (`workbench analyze`, then `--timeline`), which writes its report; and, beside
+it, analyses the zoo's learned three-hop LEGO model (analyses/zoo.py)."""
 
 from __future__ import annotations
 
@@ -11,26 +12,27 @@ from pathlib import Path
 
 from analyses.cli.analyze import run as analyze
 from analyses.cli.common import add_run_options, resolve_config, train_run
-from analyses.cli.report import run as write_report
+
+DEMO_PRESET = "composite-cpu"  # 1,000 steps, learned, with snapshots: every section of a report in minutes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    demo = sub.add_parser("demo", help="train the quick-start preset's model and write its report (the quick start)")
+    demo = sub.add_parser("demo", help=f"train {DEMO_PRESET}, analyse it and its timeline, write its report "
+                                       "(the quick start)")
     demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="run folder (default: runs/demo)")
     demo.add_argument("--no-learned", action="store_true",
-                      help="do not analyze the zoo's learned three-hop model into OUT-learned beside the demo")
+                      help="do not analyze the zoo's learned three-hop LEGO model into OUT-learned beside the demo")
     add_run_options(demo)
     demo.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from analyses.zoo import demo_learned
-    from models.presets import get_preset, quick_start_preset
+    from models.presets import get_preset
     from models.runs import DEMO, LOCK, RUN_FILES, SNAPSHOTS, atomic_write_bytes, run_lock
     from models.snapshots import remove_snapshots
 
-    preset = quick_start_preset()
-    cfg = resolve_config(args, preset, get_preset(preset).task.name)
+    cfg = resolve_config(args, DEMO_PRESET, get_preset(DEMO_PRESET).task.name)
     started = time.perf_counter()
     check_demo_folder(args.out)
     with run_lock(args.out):  # nobody else writes the folder while the demo empties and retrains it
@@ -43,10 +45,12 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_bytes(args.out / DEMO, json.dumps({"config": cfg.to_dict()}, indent=1).encode())
         status = train_run(cfg, args.out, resume=False, progress=not args.no_progress)
     if status == 0:
-        write_report(argparse.Namespace(run_dir=args.out))
+        for timeline in (False, True):  # the analysis (verdict, heads, circuit), then the solution through training
+            analyze(argparse.Namespace(run_dir=args.out, samples=512, seed=0, device="cpu", timeline=timeline,
+                                       no_progress=args.no_progress))
         learned = None if args.no_learned else demo_learned(args.out, analyze=analyze)
         print(f"demo finished in {time.perf_counter() - started:.0f} s; open {args.out / 'report.html'} in a browser"
-              + (f" (and {learned / 'report.html'}, a circuit that was learned, not planted)" if learned else ""))
+              + (f" (and {learned / 'report.html'}, a LEGO model that learned three hops)" if learned else ""))
     return status
 
 

@@ -79,7 +79,8 @@ def composite_verdict(model: HookedTransformer, task: CompositeTask, n: int = 20
     same, different = last_token_similarity(model, task, seen, gen)
     return CompositeVerdict(
         verdict=classify_composite(seen_acc, inf, sym), seen_accuracy=round(seen_acc, 4),
-        held_out_inferential=round(inf, 4), held_out_symmetric=round(sym, 4), held_out_other=round(1 - inf - sym, 4),
+        held_out_inferential=round(inf, 4), held_out_symmetric=round(sym, 4),
+        held_out_other=round(max(0.0, 1 - inf - sym), 4),  # never -0.00 from rounding
         attention_flow=composite_attention_flow(model, held), cosine_same_target=round(same, 4),
         cosine_different_target=round(different, 4),
         held_out_by_key_position={name: _rate_by_key_position(pred, held, name, task.n_key_positions)

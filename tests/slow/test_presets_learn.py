@@ -10,13 +10,15 @@ from models.runs import read_metrics
 pytestmark = pytest.mark.slow
 
 
-def test_demo_fits_every_supervised_variable_within_ten_minutes(tmp_path):
+def test_the_demo_learns_the_seen_pairs_and_writes_every_report_section_within_ten_minutes(tmp_path):
     started = time.perf_counter()
     assert main(["demo", "--out", str(tmp_path / "demo"), "--no-progress"]) == 0
     assert time.perf_counter() - started < 600
-    final = read_metrics(tmp_path / "demo")[-1]
-    assert all(acc >= 0.98 for acc in final["acc_per_var"][:3])  # #0-#2, the supervised ones
-    assert (tmp_path / "demo/report.html").exists()
+    assert read_metrics(tmp_path / "demo")[-1]["acc_seen"] >= 0.9
+    report = (tmp_path / "demo/report.html").read_text()
+    for section in ("Verdict", "Circuit", "Timeline: the solution through training", "Training curves",
+                    "Attention patterns", "Configuration"):
+        assert f">{section}" in report, section
 
 
 def test_composite_cpu_learns_the_seen_pairs_within_ten_minutes(tmp_path):
