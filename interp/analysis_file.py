@@ -12,8 +12,8 @@ import torch
 
 from interp.patching import spearman
 from interp.tasks import analysed_tasks
-from models.runs import ANALYSIS, RunFolderError, read_json, verified_weights
-from models.safe_files import nan_at
+from models.runs import ANALYSIS, RunFolderError, verified_weights
+from models.safe_files import nan_at, read_checked
 
 SCHEMA = 3  # the version of analysis.json written, as "schema"; a file without one is version 1 (UPGRADES)
 
@@ -23,19 +23,14 @@ def read_analysis(run_dir: Path) -> dict[str, Any] | None:
     SCHEMA: an older file is upgraded, `upgraded`), or None where it has none; RunFolderError
     naming the file and what is wrong where it is not JSON, not an analysis, or of a newer schema."""
     path = Path(run_dir) / ANALYSIS
-    if not path.exists():
-        return None
     again = f"run `workbench analyze {run_dir}` again"
-    try:
-        data = read_json(path)
-    except RunFolderError as err:
-        raise RunFolderError(f"{err}; {again}") from None
-    problem = _schema_problem(data)
-    if problem is None:
-        data = upgraded(data)
-        if isinstance(data.get("non_finite"), dict):  # NaN written as null (strict JSON): NaN again, as written
-            data = nan_at(data, data["non_finite"].get("where"))
-        problem = _analysis_problem(data)
+    data = read_checked(path, _schema_problem, again)
+    if data is None:
+        return None
+    data = upgraded(data)
+    if isinstance(data.get("non_finite"), dict):  # NaN written as null (strict JSON): NaN again, as written
+        data = nan_at(data, data["non_finite"].get("where"))
+    problem = _analysis_problem(data)
     if problem:
         raise RunFolderError(f"{path} {problem}; {again}")
     return data

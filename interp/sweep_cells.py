@@ -25,8 +25,8 @@ from interp.analysis_file import read_analysis
 from interp.task_analysis import TaskAnalysis
 from interp.tasks import task_analysis
 from interp.timeline import read_timeline
-from models.runs import CONFIG, REPORT, TIMELINE, RunFolderError, read_config, read_json, read_metrics
-from models.safe_files import writer_pid
+from models.runs import CONFIG, REPORT, TIMELINE, RunFolderError, read_config, read_metrics
+from models.safe_files import present, read_checked, writer_pid
 from tasks import ConfigError
 from tasks.registry import registered_task
 
@@ -63,10 +63,9 @@ def read_sweep_index(folder: Path) -> SweepIndex:
     folder = Path(folder)
     finished = (folder / SWEEP_INDEX).is_file()
     path = folder / (SWEEP_INDEX if finished else SWEEP_PLAN)
-    data = read_json(path)
-    problem = _index_problem(data)
-    if problem:
-        raise RunFolderError(f"{path} {problem}; it is damaged: run the sweep's command again to rewrite it")
+    data = read_checked(path, _index_problem, again="it is damaged: run the sweep's command again to rewrite it")
+    if data is None:
+        raise RunFolderError(f"{folder} holds no sweep ({SWEEP_INDEX} or {SWEEP_PLAN})")
     points = {name: cell["point"] for name, cell in data["cells"].items()}
     recorded = {name: cell for name, cell in data["cells"].items() if "status" in cell}
     notes: list[str] = []
@@ -90,11 +89,8 @@ def _index_problem(data: Any) -> str | None:
 
 def _cells_so_far(folder: Path, notes: list[str]) -> dict[str, dict[str, Any]]:
     """cells.json's entries (each a finished cell's result); {} where there is none or it is damaged."""
-    path = folder / CELLS_INDEX
-    if not path.exists():
-        return {}
     try:
-        data = read_json(path)
+        data = read_checked(folder / CELLS_INDEX)
     except RunFolderError as err:
         notes.append(f"{err}; the cells' statuses are read from their folders")
         return {}
@@ -146,7 +142,7 @@ def read_cell(folder: Path, name: str, point: dict[str, Any], recorded: dict[str
 
 def _fill_cell(cell: Cell, run_dir: Path, recorded: dict[str, Any]) -> None:
     """Status, final metrics, verdict and timeline of a cell whose folder is there."""
-    if not (run_dir / CONFIG).exists() and not (run_dir / CONFIG).is_symlink():
+    if not present(run_dir / CONFIG):
         cell.status = "running" if writer_pid(run_dir) else ("failed" if recorded.get("status") == "failed"
                                                              else "pending")
         cell.error = _last_line(recorded.get("error")) if cell.status == "failed" else None

@@ -40,9 +40,9 @@ from models.runs import (
     RunFolderError,
     atomic_write_bytes,
     load_weights,
-    read_json,
     verified_weights,
 )
+from models.safe_files import read_checked
 from models.snapshots import read_index, read_snapshot
 from tasks import seeded_generator
 
@@ -223,17 +223,19 @@ TIMELINE_FIELDS = {"schema": int, "run": str, "task": str, "points": list, "summ
 def read_timeline(run_dir: Path) -> dict[str, Any] | None:
     """The run's timeline.json, checked (None where it has none); RunFolderError naming the file
     when it is not a timeline this code reads."""
-    path = Path(run_dir) / TIMELINE
-    if not path.exists() and not path.is_symlink():
-        return None
-    data = read_json(path)
-    again = f"run `workbench analyze {run_dir} --timeline` again"
+    return read_checked(Path(run_dir) / TIMELINE, _timeline_problem,
+                        again=f"run `workbench analyze {run_dir} --timeline` again")
+
+
+POINT_FIELDS = ("step", "label", "panels", "head_labels", "head_patching", "circuit")
+
+
+def _timeline_problem(data: Any) -> str | None:
+    """What keeps `data` from being a timeline this code reads, or None."""
     if not isinstance(data, dict) or any(not isinstance(data.get(k), t) for k, t in TIMELINE_FIELDS.items()):
-        raise RunFolderError(f"{path} is not a timeline (an object with {sorted(TIMELINE_FIELDS)}); {again}")
+        return f"is not a timeline (an object with {sorted(TIMELINE_FIELDS)})"
     if data["schema"] != SCHEMA:
-        raise RunFolderError(f"{path} is timeline schema {data['schema']}; this workbench reads schema {SCHEMA}; "
-                             f"{again}")
-    needed = ("step", "label", "panels", "head_labels", "head_patching", "circuit")
-    if any(not isinstance(p, dict) or any(k not in p for k in needed) for p in data["points"]):
-        raise RunFolderError(f"{path} holds a point without {list(needed)}; it is damaged; {again}")
-    return data
+        return f"is timeline schema {data['schema']}; this workbench reads schema {SCHEMA}"
+    if any(not isinstance(p, dict) or any(k not in p for k in POINT_FIELDS) for p in data["points"]):
+        return f"holds a point without {list(POINT_FIELDS)}; it is damaged"
+    return None

@@ -29,6 +29,7 @@ from models.safe_files import (
     RunFolderError,
     atomic_write_bytes,
     locked_here,
+    present,
     read_json,
     read_regular,
     read_tensors,
@@ -129,7 +130,7 @@ def write_config(run_dir: Path, cfg: RunConfig) -> None:
 
 def read_config(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / CONFIG
-    if not path.exists() and not path.is_symlink():
+    if not present(path):
         raise RunFolderError(f"{path} does not exist; {run_dir} holds no run")
     return read_config_file(path)
 
@@ -215,7 +216,7 @@ def verified_weights(run_dir: str | Path) -> tuple[dict[str, Tensor], WeightsSta
     missing, damaged or stale. The one check every reader of weights goes through."""
     run_dir = Path(run_dir)
     path, state = run_dir / WEIGHTS, run_dir / TRAIN_STATE
-    has_state = state.exists() or state.is_symlink()
+    has_state = present(state)
     try:
         tensors, meta = read_tensors(path)
     except RunFolderError as err:

@@ -20,7 +20,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -413,6 +413,33 @@ def read_json(path: Path, text: str | None = None, limit: int | None = None) -> 
         raise RunFolderError(f"{path} is not JSON ({err})") from None
     except ValueError as err:  # a number of more than 4,300 digits
         raise RunFolderError(f"{path} holds a number too long to be a value ({str(err).split(';')[0]})") from None
+
+
+def present(path: Path) -> bool:
+    """Whether anything is at `path`, a dangling symbolic link included: a reader then refuses it,
+    naming it, where a missing file would be taken for one never written."""
+    return path.exists() or path.is_symlink()
+
+
+def read_checked(path: Path, problem: Callable[[Any], str | None] | None = None, again: str = "") -> Any:
+    """The boundary between a JSON file the workbench wrote (a run's, a snapshot index, a sweep's)
+    and the code that reads it: None where nothing is at `path` (`present`); else its strict JSON
+    (`read_json`), once `problem` (what keeps the data from being the file its reader expects, in
+    words after the path, or None) finds nothing wrong. RunFolderError names the file and what is
+    wrong, then `again`: how to write the file anew."""
+    if not present(path):
+        return None
+    tail = f"; {again}" if again else ""
+    try:
+        data = read_json(path)
+    except RunFolderError as err:
+        raise RunFolderError(f"{err}{tail}") from None
+    except FileNotFoundError:  # present, so a link to nothing (or removed meanwhile)
+        raise RunFolderError(f"{path} is a symbolic link to a file that does not exist{tail}") from None
+    wrong = problem(data) if problem is not None else None
+    if wrong:
+        raise RunFolderError(f"{path} {wrong}{tail}")
+    return data
 
 
 Place = list[str | int]  # where a value sits in a JSON document: its keys and list indices

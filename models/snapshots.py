@@ -33,7 +33,7 @@ import numpy as np
 from torch import Tensor
 
 from models.runs import SNAPSHOTS, weights_digest
-from models.safe_files import RunFolderError, atomic_write_bytes, read_json, read_tensors, save_tensors
+from models.safe_files import RunFolderError, atomic_write_bytes, read_checked, read_tensors, save_tensors
 
 INDEX = "index.json"
 SCHEMA = 1  # of index.json
@@ -90,17 +90,20 @@ def read_index(run_dir: str | Path) -> list[SnapshotEntry]:
     """The run's snapshots in step order ([] where it has none), checked: RunFolderError (exit 2)
     naming snapshots/index.json when it is not this workbench's index."""
     path = Path(run_dir) / SNAPSHOTS / INDEX
-    if not path.exists() and not path.is_symlink():
+    data = read_checked(path, _index_problem)
+    if data is None:
         return []
-    data = read_json(path)
-    entries = data.get("snapshots") if isinstance(data, dict) else None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(entries, list):
-        raise RunFolderError(f"{path} is not a snapshot index of schema {SCHEMA} (an object with a list 'snapshots')")
-    parsed = [_entry(path, item) for item in entries]
+    parsed = [_entry(path, item) for item in data["snapshots"]]
     steps = [e.step for e in parsed]
     if steps != sorted(set(steps)):
         raise RunFolderError(f"{path} lists steps out of order or twice ({steps}); it is damaged")
     return parsed
+
+
+def _index_problem(data: Any) -> str | None:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("snapshots"), list):
+        return f"is not a snapshot index of schema {SCHEMA} (an object with a list 'snapshots')"
+    return None
 
 
 def _entry(path: Path, item: Any) -> SnapshotEntry:

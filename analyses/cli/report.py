@@ -22,13 +22,14 @@ def run(args: argparse.Namespace) -> int:
     from interp.run_report import write_run_report
     from interp.sweep_cells import is_sweep_folder
     from models.runs import CONFIG, load_run, run_lock
+    from models.safe_files import present
     from tasks import ConfigError
 
     if not args.run_dir.is_dir():
         raise ConfigError(f"{args.run_dir} is not a run folder; train one first (workbench train --out {args.run_dir})")
     if is_sweep_folder(args.run_dir) and not (args.run_dir / CONFIG).exists():
         return _report_sweep(args.run_dir)
-    if not (args.run_dir / CONFIG).exists() and not (args.run_dir / CONFIG).is_symlink():
+    if not present(args.run_dir / CONFIG):
         raise ConfigError(f"{args.run_dir} is neither a run folder (it has no config.json) nor a sweep folder (no "
                           "sweep.json or sweep_plan.json); give a folder written by `workbench train` or "
                           "`workbench sweep`")

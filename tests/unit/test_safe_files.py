@@ -20,6 +20,7 @@ from models.safe_files import (
     finite_json,
     is_own_temp,
     nan_at,
+    read_checked,
     read_json,
     read_regular,
     read_tensors,
@@ -145,3 +146,19 @@ def test_a_lock_held_by_another_program_does_not_name_a_dead_writer_as_its_holde
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_read_checked_is_none_where_nothing_is_and_names_the_file_what_is_wrong_and_how_to_write_it_anew(tmp_path):
+    path = tmp_path / "index.json"
+    assert read_checked(path) is None
+    path.symlink_to(tmp_path / "gone.json")  # a dangling link is something: refused, not taken for no file
+    with pytest.raises(RunFolderError, match=r"index\.json.*; run it again$"):
+        read_checked(path, again="run it again")
+    path.unlink()
+    path.write_text('{"schema": 2}')
+    def problem(data):
+        return None if data.get("schema") == 1 else f"is schema {data['schema']}"
+    with pytest.raises(RunFolderError, match=rf"^{path} is schema 2; run it again$"):
+        read_checked(path, problem, "run it again")
+    path.write_text('{"schema": 1}')
+    assert read_checked(path, problem, "run it again") == {"schema": 1}
