@@ -15,14 +15,14 @@ from tasks import ConfigError
 
 PRESETS: dict[str, Callable[[], RunConfig]] = {}  # name -> factory, in registration order
 DEFAULT_PRESETS: dict[str, str] = {}  # task name -> the preset `workbench train --task NAME` uses
-QUICK_START: list[str] = []  # the preset a bare `workbench train` uses (one at most)
+QUICK_START: list[str] = []  # the preset `workbench demo` and a bare `workbench train` use (one at most)
 
 
 def register_preset(name: str, factory: Callable[[], RunConfig], default_for: str | None = None,
                     quick_start: bool = False) -> None:
     """Make `name` a preset. `default_for`: the task whose default preset it is. `quick_start`: the
-    preset `workbench train` trains with neither --task, --preset nor --config (one task's module
-    says so)."""
+    preset `workbench demo` trains, and `workbench train` with neither --task, --preset nor
+    --config (one task's module says so)."""
     known = PRESETS.get(name)
     if known is not None and known is not factory:
         raise RuntimeError(f"two presets are named {name!r}: {known.__module__}.{known.__qualname__} and "
@@ -69,7 +69,8 @@ def default_preset(task: str) -> str:
 
 
 def quick_start_preset() -> str:
-    """The preset a bare `workbench train` trains (registered with `quick_start=True` by one task)."""
+    """The preset `workbench demo` and a bare `workbench train` train (registered with
+    `quick_start=True` by one task)."""
     all_presets()
     if not QUICK_START:
         raise ConfigError("no task registers a quick-start preset; name one with --preset (see `workbench presets`)")

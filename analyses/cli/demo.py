@@ -1,7 +1,8 @@
-"""`workbench demo`: the quick start, every part of a report in minutes. Trains `composite-cpu` (a
-learned model: nothing planted) into a new or empty folder, or over a run of its own; analyses it
-and its snapshots (`workbench analyze`, then `--timeline`), which writes its report; and, beside
-it, analyses the zoo's learned three-hop LEGO model (analyses/zoo.py)."""
+"""`workbench demo`: the quick start, every part of a report in minutes. Trains the quick-start
+preset (a task registers it: a learned model with snapshots) into a new or empty folder, or over a
+run of its own; analyses it and its snapshots (`workbench analyze`, then `--timeline`), which
+writes its report; and, beside it, analyses the zoo's learned three-hop LEGO model
+(analyses/zoo.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,10 @@ from pathlib import Path
 from analyses.cli.analyze import run as analyze
 from analyses.cli.common import add_run_options, resolve_config, train_run
 
-DEMO_PRESET = "composite-cpu"  # 1,000 steps, learned, with snapshots: every section of a report in minutes
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    demo = sub.add_parser("demo", help=f"train {DEMO_PRESET}, analyse it and its timeline, write its report "
-                                       "(the quick start)")
+    demo = sub.add_parser("demo", help="train the quick-start preset's model, analyse it and its timeline, write "
+                                       "its report (the quick start)")
     demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="run folder (default: runs/demo)")
     demo.add_argument("--no-learned", action="store_true",
                       help="do not analyze the zoo's learned three-hop LEGO model into OUT-learned beside the demo")
@@ -28,11 +27,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from analyses.zoo import demo_learned
-    from models.presets import get_preset
+    from models.presets import get_preset, quick_start_preset
     from models.runs import DEMO, LOCK, RUN_FILES, SNAPSHOTS, atomic_write_bytes, run_lock
     from models.snapshots import remove_snapshots
 
-    cfg = resolve_config(args, DEMO_PRESET, get_preset(DEMO_PRESET).task.name)
+    preset = quick_start_preset()
+    cfg = resolve_config(args, preset, get_preset(preset).task.name)
     started = time.perf_counter()
     check_demo_folder(args.out)
     with run_lock(args.out):  # nobody else writes the folder while the demo empties and retrains it

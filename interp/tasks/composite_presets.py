@@ -1,5 +1,6 @@
 """The composite task's presets, registered on import (`models.presets.register_preset`):
-`composite-cpu` is the task's default preset."""
+`composite-cpu` is the task's default preset and the quick start's (`workbench demo`, a bare
+`workbench train`)."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def composite_code() -> RunConfig:
     )
 
 
-register_preset("composite-cpu", composite_cpu, default_for="composite")
+register_preset("composite-cpu", composite_cpu, default_for="composite", quick_start=True)
 register_preset("composite-matched", composite_matched)
 register_preset("composite-gpu", composite_gpu)
 register_preset("composite-paper", composite_paper)

@@ -97,7 +97,7 @@ LEGO_N12_ALBERT = dataclasses.replace(
     about="lego-three-hops-albert (tied layers), then #0-#5 of n = 12 with twelve letters")
 
 
-register_preset("lego-cpu", lego_cpu, default_for="lego", quick_start=True)
+register_preset("lego-cpu", lego_cpu, default_for="lego")
 register_preset("lego-gpu", lego_gpu)
 register_preset("lego-paper", lego_paper)
 for _curriculum in (LEGO_THREE_HOPS, LEGO_THREE_HOPS_ALBERT, LEGO_N12, LEGO_N12_ALBERT):
