@@ -14,7 +14,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
 from models.runs import read_metrics  # noqa: E402
@@ -133,7 +132,7 @@ def templates_efficiency(data: dict[str, Any]) -> plt.Figure:
     shades = {32: "#a9cce3", 128: "#5499c7", 256: "#1b4f72"}
     for series in widths["series"]:
         plain = series["variant"] == "plain"
-        errors = [np.nan if e is None else e for e in series["error"]]
+        errors = [float("nan") if e is None else e for e in series["error"]]
         copy.plot(widths["n"], errors, "-" if plain else "--", marker="o" if plain else "s", ms=3,
                   color=shades[series["width"]], label=f"{series['variant']}, d {series['width']}")
     copy.axhline(0.05, color="#999999", lw=0.6, ls=":")

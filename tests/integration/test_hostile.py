@@ -486,7 +486,7 @@ INPUTS = {
                            2, ("--preset",), None),
     "train:blank-preset": (lambda tmp, run, r: ["train", "--preset", " ", "--out", str(tmp / "new"), "--no-progress"],
                            2, ("--preset",), None),
-    "resume:lock-held-by-another-program": (lambda tmp, run, r: _lock_held_by_another_program(tmp, run, r), 2,
+    "resume:lock-held-by-another-program": (_lock_held_by_another_program, 2,
                                             ("pid unknown", f"names pid {DEAD_PID}, which is not running"), None),
     "circuit-compare:mib-cfg-a-million-layers": (lambda tmp, run, r: ["circuit-compare", str(_mib(tmp, MILLION_LAYERS)),
                                                                       str(_mib(tmp, MILLION_LAYERS))],
