@@ -1,4 +1,4 @@
-# Two commands from a fresh clone: `make demo` (set up, train the lego-cpu model, write its report)
+# Two commands from a fresh clone: `make demo` (set up, train the composite-cpu model, analyse it, write its report)
 # and `make test` (set up, run the test suite). torch is pinned through constraints.txt and
 # installed first, from TORCH_INDEX when it is set (below), else from pip's own index.
 PYTHON ?= python3

@@ -9,6 +9,7 @@ import html
 import json
 from pathlib import Path
 
+from interp import plots
 from interp.analysis import RunAnalysis
 from interp.analysis_file import read_analysis
 from interp.analysis_html import analysis_sections
@@ -179,22 +180,30 @@ def _curves_html(run: LoadedRun) -> str:
 
 def _attention_html(report: Report, run: LoadedRun, n_examples: int, seed: int,
                     labels: list[list[str]] | None = None) -> str:
-    """Every head's attention on `n_examples` test examples, one view per layer, each head named
-    with its label where the run is analysed."""
+    """Every head's attention on `n_examples` test examples: per example, one figure of every
+    head (named with its label where the run is analysed), then the interactive circuitsvis views,
+    one per layer, folded."""
     batch = run.task.sample(n_examples, seeded_generator(seed), split="test")
     device = next(run.model.parameters()).device
-    patterns = attention_patterns(run.model, batch.tokens.to(device))  # [layer, batch, head, q, k]
+    patterns = attention_patterns(run.model, batch.tokens.to(device)).cpu()  # [layer, batch, head, q, k]
+    n_layers, n_heads = run.model.cfg.n_layers, run.model.cfg.n_heads
+    names = [[f"L{layer}H{head}" + (f" {_label(labels, layer, head)}" if labels else "") for head in range(n_heads)]
+             for layer in range(n_layers)]
     parts = []
     for i in range(n_examples):
         strings = run.task.token_strings(batch.tokens[i])
         keep = _visible_length(strings)
         parts.append(f"<p class='example'>Example {i + 1}: {html.escape(' '.join(strings[:keep]))}</p>")
-        for layer in range(run.model.cfg.n_layers):
-            names = [f"L{layer}H{head}" + (f" {_label(labels, layer, head)}" if labels else "")
-                     for head in range(run.model.cfg.n_heads)]
-            pattern = patterns[layer, i, :, :keep, :keep]
-            parts.append(f"<div>Layer {layer}</div>"
-                         + report.attention_widget(strings[:keep], pattern, names, run.task.causal))
+        parts.append(figure_html(
+            plots.attention_grid(patterns[:, i, :, :keep, :keep].numpy(), strings[:keep], names, run.task.causal),
+            f"Example {i + 1}: every head's attention (rows: layers; columns: heads; each row of a square is a "
+            "query, its columns the keys it attends to; darker is more)" + (", each head with its label from "
+            "the analysis." if labels else "; analyse the run to name each head's label.")))
+        views = "".join(f"<div>Layer {layer}</div>" + report.attention_widget(
+            strings[:keep], patterns[layer, i, :, :keep, :keep], names[layer], run.task.causal)
+            for layer in range(n_layers))
+        parts.append(f"<details class='views'><summary>Example {i + 1}, interactive (circuitsvis): hover a head to "
+                     f"zoom, click to lock; {n_layers} layer(s)</summary>{views}</details>")
     return "".join(parts)
 
 

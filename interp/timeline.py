@@ -44,7 +44,8 @@ from models.runs import (
 )
 from models.safe_files import read_checked
 from models.snapshots import read_index, read_snapshot
-from tasks import seeded_generator
+from models.train import held_out_loss
+from tasks import Batch, seeded_generator
 
 SCHEMA = 1  # of timeline.json
 # logits between clean and corrupted below which patching shares are not defined (an untrained model)
@@ -92,30 +93,33 @@ def analyze_timeline(run: LoadedRun, n_samples: int = 256, n_pairs: int = 64, se
     points = moments(run.path)
     clean, corrupted, slot, pairs = counterfactual_pairs(run.task, n_pairs, seed)  # one slot for every moment
     metric = logit_diff_metric(clean, corrupted, label_index=slot)
-    tokens = run.task.sample(n_samples, seeded_generator(seed), split="test").tokens
+    batch = run.task.sample(n_samples, seeded_generator(seed), split="test")
     records = []
     with _weights_restored(run):
         for moment in tqdm(points, desc=f"timeline {run.path.name}", disable=not progress, dynamic_ncols=True):
             load_weights(run.model, {k: v.to(next(run.model.parameters()).device) for k, v in moment.load().items()},
                          source=f"the snapshot of step {moment.step}")
-            records.append(_analyze_moment(run, steps, moment, clean, corrupted, metric, tokens, seed))
+            records.append(_analyze_moment(run, steps, moment, clean, corrupted, metric, batch, seed))
     return {"schema": SCHEMA, "run": str(run.path), "task": run.config.task.name,
             "heads_origin": run.config.heads_origin, "pairs": pairs, "label_slot": slot,
+            "loss_sample": f"{n_samples} test-split sequences drawn with seed {seed}, the same at every snapshot",
             "circuit_form": CIRCUIT_FORM, "points": records, "summary": summarize(records),
             "seconds": round(time.perf_counter() - started, 2)}
 
 
 @torch.no_grad()
 def _analyze_moment(run: LoadedRun, steps: TaskAnalysis, moment: Moment, clean: Any, corrupted: Any, metric: Any,
-                    tokens: torch.Tensor, seed: int) -> dict[str, Any]:
+                    batch: Batch, seed: int) -> dict[str, Any]:
     started = time.perf_counter()
     device = next(run.model.parameters()).device
     at = dataclasses.replace(run, metrics=[m for m in run.metrics if m.get("step", 0) <= moment.step])
     probes, verdict = task_findings(steps, at, seed)
     written = verdict.to_dict()
-    heads = classify_heads(run.model, run.task, tokens)
+    loss, _ = held_out_loss(run.model, batch.to(device))
+    heads = classify_heads(run.model, run.task, batch.tokens)
     patching, circuit = _patching(run, clean.tokens.to(device), corrupted.tokens.to(device), metric)
     return {"step": moment.step, "reasons": list(moment.reasons), "digest": moment.digest,
+            "loss": round(loss, 6) if math.isfinite(loss) else None,
             "label": steps.verdict_label(written), "panels": steps.timeline_panels(written), "verdict": written,
             "head_labels": heads.labels, **patching, **circuit,
             "probes": None if probes is None else probes.to_dict(), "seconds": round(time.perf_counter() - started, 2)}

@@ -27,15 +27,9 @@ def timeline_html(timeline: dict[str, Any], metrics: list[dict[str, Any]]) -> st
     parts = [_decided_html(summary, len(points), timeline), figure_html(
         evidence_figure(points, summary), "The verdict's evidence at every snapshot. Dotted lines: a change of "
         "verdict; solid line: the step from which the verdict no longer changes.")]
-    if any("train_loss" in m for m in metrics):
-        first = next(m["step"] for m in metrics if "train_loss" in m)
-        before = sum(p["step"] < first for p in points)
-        note = (f" The loss is recorded from the first evaluation (step {first}); {before} of the {len(points)} "
-                "snapshots come before it." if before else "")
-        parts.append(figure_html(loss_figure(metrics, points, summary),
-                                 "Training loss (log scale) with the snapshots (green ticks), the event snapshots kept "
-                                 "just before a loss spike (red triangles) and the verdict's changes (dotted) and the "
-                                 f"step it settled (solid).{note}"))
+    measured = any(p.get("loss") is not None for p in points)
+    if measured or any("train_loss" in m for m in metrics):
+        parts.append(figure_html(loss_figure(metrics, points, summary), _loss_caption(metrics, points, timeline)))
     parts.append(figure_html(heads_figure(points), "Per head (rows) and snapshot (columns): its label (colour), and "
                                                    "its exact patching share; a dot marks a head of the circuit. A "
                                                    "white column: the model did not tell clean from corrupted inputs "
@@ -43,6 +37,21 @@ def timeline_html(timeline: dict[str, Any], metrics: list[dict[str, Any]]) -> st
     parts.append(_crossings_html(summary))
     parts.append(_heads_table_html(summary, steps))
     return "".join(parts)
+
+
+def _loss_caption(metrics: list[dict[str, Any]], points: list[dict[str, Any]], timeline: dict[str, Any]) -> str:
+    caption = ("Loss (cross-entropy in nats, log scale) with the snapshots (green ticks), the event snapshots kept "
+               "just before a loss spike (red triangles), the verdict's changes (dotted) and the step it settled "
+               "(solid).")
+    if any(p.get("loss") is not None for p in points):
+        return caption + (" Black dots: the test loss of every snapshot's weights, from step 0, on "
+                          f"{timeline.get('loss_sample', 'a fixed test batch')}; lines: the training record "
+                          "(metrics.jsonl), from its first evaluation.")
+    first = next((m["step"] for m in metrics if "train_loss" in m), None)
+    before = sum(p["step"] < first for p in points)
+    return caption + (f" The loss is recorded from the first evaluation (step {first}); {before} of the "
+                      f"{len(points)} snapshots come before it (this timeline.json predates the loss at "
+                      "every snapshot: analyse the timeline again for it)." if before else "")
 
 
 def _decided_html(summary: dict[str, Any], n: int, timeline: dict[str, Any]) -> str:
@@ -106,10 +115,14 @@ def loss_figure(metrics: list[dict[str, Any]], points: list[dict[str, Any]], sum
     records = [m for m in metrics if "train_loss" in m]
     steps = [m["step"] for m in records]
     fig, ax = plt.subplots(figsize=(9, 3.2))
-    ax.plot(steps, [m["train_loss"] for m in records], label="train")
+    ax.plot(steps, [m["train_loss"] for m in records], label="train (record)")
     if records and "eval_loss" in records[-1]:
-        ax.plot(steps, [m.get("eval_loss", np.nan) for m in records], label="test")
-    ax.set(yscale="log", ylabel="cross-entropy", title="loss, snapshots and changes of verdict")
+        ax.plot(steps, [m.get("eval_loss", np.nan) for m in records], label="test (record)")
+    measured = [(p["step"], p["loss"]) for p in points if p.get("loss") is not None]
+    if measured:
+        ax.plot([step for step, _ in measured], [loss for _, loss in measured], marker="o", markersize=3.5,
+                linestyle="none", color="black", label="test, at each snapshot")
+    ax.set(yscale="log", ylabel="cross-entropy (nats)", title="loss, snapshots and changes of verdict")
     plots.plain_log_labels(ax)
     events = False
     for point in points:
@@ -149,7 +162,8 @@ def heads_figure(points: list[dict[str, Any]]) -> plt.Figure:
                     labels=labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     image = ax_share.imshow(shares, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     fig.colorbar(image, ax=ax_share, shrink=0.8, label="exact patching share")
-    for ax, title in ((ax_label, "head label"), (ax_share, "patching share (dot: in the circuit)")):
+    share_title = "patching share (dot: in the circuit; white: no share defined)"
+    for ax, title in ((ax_label, "head label"), (ax_share, share_title)):
         ax.set(title=title, yticks=range(len(heads)), yticklabels=[f"L{layer}H{head}" for layer, head in heads])
         ax.set_xticks(range(len(points)), [str(p["step"]) for p in points], rotation=90, fontsize=7)
         ax.set_xlabel("snapshot step")

@@ -241,6 +241,16 @@ def _show(bar: tqdm, runs: list[Trainer], lone: bool) -> None:
         bar.set_postfix(loss=f"{run.record['train_loss']:.3f}", acc="-" if value is None else f"{value:.3f}")
 
 
+@torch.no_grad()
+def held_out_loss(model: torch.nn.Module, batch: Batch) -> tuple[float, torch.Tensor]:
+    """The loss a run records as eval_loss, on `batch` (on the model's device): cross-entropy at
+    the label positions the loss scores, at full depth; and the logits at every label position."""
+    logits = torch.cat([forward(model, batch.tokens[i : i + EVAL_CHUNK]) for i in range(0, len(batch), EVAL_CHUNK)])
+    picked = logits_at_labels(logits, batch.label_pos)
+    scored = batch.label_mask & batch.loss_mask if batch.loss_mask.any() else batch.label_mask
+    return F.cross_entropy(picked[scored], batch.labels[scored]).item(), picked
+
+
 class Trainer:
     """One run: trains into `folder` (a RunFolder, or its path), which says what the run's files
     are and checks what it reads. With `resume=True` it continues from the folder's last
@@ -442,11 +452,7 @@ class Trainer:
         self._check_finite()
         self.model.eval()
         batch = self.eval_batch.to(self.device)
-        logits = torch.cat([forward(self.model, batch.tokens[i : i + EVAL_CHUNK])
-                            for i in range(0, len(batch), EVAL_CHUNK)])
-        picked = logits_at_labels(logits, batch.label_pos)
-        scored = batch.label_mask & batch.loss_mask if batch.loss_mask.any() else batch.label_mask
-        eval_loss = F.cross_entropy(picked[scored], batch.labels[scored]).item()
+        eval_loss, picked = held_out_loss(self.model, batch)
         record = {
             "step": self.step, "lr": learning_rate(self.step - 1, self.cfg.train),
             "train_loss": self.loss_sum / max(1, self.loss_count), "eval_loss": eval_loss,

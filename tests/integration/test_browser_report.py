@@ -98,7 +98,18 @@ def rendered_widgets(page) -> list[dict]:
 
 def figures(page) -> list[dict]:
     return page.evaluate("""[...document.querySelectorAll('figure img')].map(img => ({
-        png: img.src.startsWith('data:image/png;base64,'), width: img.naturalWidth, complete: img.complete}))""")
+        png: img.src.startsWith('data:image/png;base64,'), width: img.naturalWidth, complete: img.complete,
+        alt: img.alt}))""")
+
+
+def attention_section(page) -> dict:
+    """The attention section's height as drawn, its figures of every head, and the circuitsvis
+    widgets inside its folded views."""
+    return page.evaluate("""(() => { const s = document.querySelector('section#attention-patterns');
+        return {height: s.getBoundingClientRect().height,
+                grids: [...s.querySelectorAll('figure img')]
+                    .filter(i => i.alt.includes("every head's attention")).length,
+                folded: s.querySelectorAll('details.views div.widget').length}; })()""")
 
 
 def test_lego_report_renders_offline_and_shows_html_tokens_as_text(browser, lego_report):
@@ -115,7 +126,11 @@ def test_lego_report_renders_offline_and_shows_html_tokens_as_text(browser, lego
         assert all(len(name.split(" ", 1)) == 2 for name in widget["names"])
         assert widget["canvases"] == widget["heads"] + 1
     shown = figures(page)
-    assert len(shown) == 6  # curves, head scores, 3 patching maps, probes
+    assert len(shown) == 8  # curves, head scores, 3 patching maps, probes, each example's heads
+    # the attention of every head at a readable size: one figure per example, the interactive views folded
+    section = attention_section(page)
+    # (the circuitsvis views alone took about 900 px per layer and example)
+    assert section["grids"] == 2 and section["folded"] == len(widgets) and section["height"] < 2 * 2 * 450
     assert all(f["png"] and f["complete"] and f["width"] > 0 for f in shown)
     assert page.evaluate("window.__pwned") is None
     # the circuit graph: an inline SVG with one node per head, drawn with a real size
@@ -139,7 +154,7 @@ def test_composite_report_shows_anchor_tokens_as_text(browser, composite_report)
     assert errors == [] and requests == [composite_report.as_uri()]
     widgets = rendered_widgets(page)
     assert [w["names"] for w in widgets] == [["L0H0"], ["L1H0"]] * 2
-    assert len(figures(page)) == 1  # training curves
+    assert len(figures(page)) == 1 + 2  # training curves, each example's heads
     assert re.search(r"<a[1-4]> <a[1-4]>", page.inner_text("body"))  # each example's anchor pair, as text
     assert page.evaluate("document.querySelectorAll('a1, a2, a3, a4').length") == 0
 

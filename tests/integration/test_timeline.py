@@ -58,10 +58,17 @@ def test_analyze_timeline_writes_timeline_json_with_the_tasks_evidence_and_a_rep
     assert list(first["panels"]) == ["held-out answers", "x-10 by key position", "x-6 by key position"]
     summary = timeline["summary"]
     assert summary["final_label"] == timeline["points"][-1]["label"] and summary["decided_at"] in steps
+    # the loss from step 0: every snapshot's weights on one test batch; the last agrees with the
+    # training record's evaluation (another sample of the same split) and is below the first
+    losses = [p["loss"] for p in timeline["points"]]
+    recorded = [json.loads(line) for line in (composite_run / "metrics.jsonl").read_text().splitlines()]
+    assert all(loss > 0 for loss in losses) and losses[-1] < losses[0]
+    assert losses[-1] == pytest.approx([m for m in recorded if "eval_loss" in m][-1]["eval_loss"], rel=0.1)
     out = capsys.readouterr().out
     assert f"decided at step {summary['decided_at']}" in out
     page = (composite_run / REPORT).read_text()
     assert "Timeline: the solution through training" in page and f"decided at step {summary['decided_at']}" in page
+    assert "weights, from step 0, on 256 test-split sequences" in page
 
 
 def test_a_lego_timeline_reads_accuracy_per_variable_and_names_what_is_learned(tmp_path):

@@ -68,3 +68,23 @@ def test_a_loss_axis_within_one_decade_has_plain_labels():
     shown = [label.get_text() for label in ax.get_yticklabels(minor=True) + ax.get_yticklabels() if label.get_text()]
     assert shown and all("10^" not in text and "times" not in text for text in shown)
     plt.close(fig)
+
+
+@pytest.mark.parametrize("n_layers, n_heads, n_pos", [(1, 1, 5), (2, 4, 30), (12, 4, 62)])
+def test_the_attention_grid_titles_each_head_with_its_label_and_blanks_a_causal_models_future(n_layers, n_heads,
+                                                                                               n_pos):
+    import numpy as np
+
+    patterns = np.full((n_layers, n_heads, n_pos, n_pos), 1.0 / n_pos)
+    names = [[f"L{layer}H{head} association" for head in range(n_heads)] for layer in range(n_layers)]
+    tokens = [f"t{i}" for i in range(n_pos)]
+    fig = plots.attention_grid(patterns, tokens, names, causal=True)
+    heads = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in heads] == [name for row in names for name in row]
+    blank = np.ma.getmaskarray(heads[-1].get_images()[0].get_array())
+    assert blank[0, 1] and not blank[1, 0]  # a query never sees a later key
+    shown = [t.get_text() for t in heads[-n_heads].get_xticklabels()]  # the bottom row names the keys
+    assert shown == (tokens if n_pos <= 40 else [])  # token names where they can be read, none where not
+    width, height = fig.get_size_inches()
+    assert width <= 2.8 * n_heads + 1 and height <= 2.8 * n_layers + 1  # a few inches a head, whatever the model
+    plt.close(fig)
