@@ -135,28 +135,33 @@ def faithfulness_curve(curve: list[float], target: float, kept: int) -> plt.Figu
     return fig
 
 
+LABELLED_TOKENS = 24  # an attention grid names its tokens up to this many (more would not be legible, and slow)
+
+
 def attention_grid(patterns: Any, tokens: list[str], names: list[list[str]], causal: bool) -> plt.Figure:
     """Every head's attention on one example, a small heatmap per head (rows: layers, columns:
     heads), each titled with its name and label: the whole model at a size a page can hold.
     `patterns` is [layer, head, query, key] (numpy or torch, on the CPU). Token names label the
-    outer axes where there are few enough to read; a causal model's future keys are left blank."""
+    outer axes where there are few enough to read (LABELLED_TOKENS); a causal model's future keys are left blank."""
     import numpy as np
 
     values = np.asarray(patterns, dtype=float)
     n_layers, n_heads, n_pos = values.shape[0], values.shape[1], values.shape[-1]
     if causal:
         values = np.where(np.tril(np.ones((n_pos, n_pos), dtype=bool)), values, np.nan)
-    cell = 2.3 if n_pos <= 40 else 2.8
+    cell = 2.3 if n_pos <= LABELLED_TOKENS else 2.8
     fig, axes = plt.subplots(n_layers, n_heads, figsize=(cell * n_heads + 0.8, cell * n_layers + 0.6),
-                             squeeze=False, sharex=True, sharey=True)
-    shown = n_pos <= 40
+                             squeeze=False)
+    shown = n_pos <= LABELLED_TOKENS
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer, head]
             image = ax.imshow(values[layer, head], cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
             ax.set_title(names[layer][head], fontsize=9)
-            ax.set_xticks(range(n_pos) if shown else [], tokens if shown else [], rotation=90, fontsize=5)
-            ax.set_yticks(range(n_pos) if shown else [], tokens if shown else [], fontsize=5)
+            # token names on the outer axes only (each tick label is a text to lay out)
+            bottom, left = shown and layer == n_layers - 1, shown and head == 0
+            ax.set_xticks(range(n_pos) if bottom else [], tokens if bottom else [], rotation=90, fontsize=5)
+            ax.set_yticks(range(n_pos) if left else [], tokens if left else [], fontsize=5)
             ax.tick_params(length=0)
     for ax in axes[-1]:
         ax.set_xlabel("key", fontsize=8)

@@ -85,7 +85,7 @@ while :; do
     for pid in "${pids[@]}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null; done
     break
   fi
-  sleep 5
+  sleep 1
 done
 wait
 for cell in "${cells[@]}"; do

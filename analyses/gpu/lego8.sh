@@ -60,7 +60,7 @@ while :; do
     stopped=1
     break
   fi
-  sleep 5
+  sleep 1
 done
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done

@@ -70,7 +70,7 @@ shortcut() {
 }
 
 paper & matched & lego lego-bert lego-three-hops & lego lego-albert lego-three-hops-albert & shortcut &
-while [ -n "$(jobs -r)" ] && [ $(( $(date +%s) - start )) -lt "$deadline" ]; do sleep 5; done
+while [ -n "$(jobs -r)" ] && [ $(( $(date +%s) - start )) -lt "$deadline" ]; do sleep 1; done
 if [ -n "$(jobs -r)" ]; then
   echo "deadline: stopping what still runs at $(( $(date +%s) - start )) s"
   pkill -INT -f "analyses.cli" ; sleep 3; pkill -KILL -f "analyses.cli"

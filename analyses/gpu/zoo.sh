@@ -32,7 +32,7 @@ while [ -n "$(jobs -pr)" ]; do  # the builds still running
     stopped=1
     break
   fi
-  sleep 5
+  sleep 1
 done
 failed=0
 for i in "${!names[@]}"; do

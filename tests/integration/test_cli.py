@@ -122,10 +122,11 @@ def test_demo_replaces_only_a_demo_run(tmp_path, capsys):
         assert "not a demo run" in capsys.readouterr().err
         assert folder_bytes(run) == before
     demo = tmp_path / "demo"
-    assert main(["demo", "--out", str(demo), *TINY, "--no-learned"]) == 0
+    few = ["--set", "train.snapshots=2", "--no-learned"]  # a timeline of 3 moments: the folder rules are the point
+    assert main(["demo", "--out", str(demo), *TINY, *few]) == 0
     first = (demo / "model.safetensors").read_bytes()
     # its own run: replaced
-    assert main(["demo", "--out", str(demo), *TINY, "--set", "train.seed=1", "--no-learned"]) == 0
+    assert main(["demo", "--out", str(demo), *TINY, "--set", "train.seed=1", *few]) == 0
     assert (demo / "model.safetensors").read_bytes() != first
     assert json.loads((demo / "config.json").read_text())["train"]["seed"] == 1
 

@@ -4,6 +4,7 @@ starting again."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +24,15 @@ def _run(out: Path, python: str = sys.executable) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=300)
 
 
-def test_composite_paper_script_trains_the_paper_preset_and_resumes(tmp_path):
-    first = _run(tmp_path)
+@pytest.fixture(scope="module")
+def paper_cell(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The script's first call, once for the module: its folder and what it printed."""
+    out = tmp_path_factory.mktemp("paper")
+    return out, _run(out)
+
+
+def test_composite_paper_script_trains_the_paper_preset_and_resumes(paper_cell):
+    tmp_path, first = paper_cell
     assert first.returncode == 0, first.stderr
     run = tmp_path / "d2-g0.8-lr1e-4"
     cfg = json.loads((run / "config.json").read_text())
@@ -40,10 +48,13 @@ def test_composite_paper_script_trains_the_paper_preset_and_resumes(tmp_path):
     assert "error" not in (tmp_path / "d2-g0.8-lr1e-4.log").read_text().lower()  # resumed, not refused
 
 
-def test_a_resumed_run_that_dies_keeps_its_checkpoint(tmp_path):
+def test_a_resumed_run_that_dies_keeps_its_checkpoint(tmp_path, paper_cell):
     """A run with a checkpoint whose resume fails is left in place for the next call, not moved
     aside and trained again from step 0 (which would throw its steps away)."""
-    assert _run(tmp_path).returncode == 0
+    trained, first = paper_cell
+    assert first.returncode == 0, first.stderr
+    tmp_path = tmp_path / "paper"
+    shutil.copytree(trained, tmp_path, symlinks=True)
     run = tmp_path / "d2-g0.8-lr1e-4"
     metrics = (run / "metrics.jsonl").read_text()
     failing = tmp_path / "python-that-cannot-resume"

@@ -55,6 +55,7 @@ def test_sweep_and_study_at_their_smallest(tmp_path):
 def test_demo_and_curriculum_take_settings(tmp_path):
     demo = tmp_path / "demo"
     assert main(["demo", "--out", str(demo), "--set", "train.steps=4", "--set", "train.eval_size=32",
+                 "--set", "train.snapshots=2", "--set", "model.d_model=32", "--set", "model.d_mlp=64",
                  "--no-learned", "--no-progress"]) == 0
     assert (demo / "report.html").exists()
     assert main(["curriculum", "--list"]) == 0
