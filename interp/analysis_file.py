@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from interp.patching import spearman
-from interp.tasks import analysed_tasks
+from interp.tasks import analysed_tasks, task_analysis
 from models.runs import ANALYSIS, RunFolderError, verified_weights
-from models.safe_files import nan_at, read_checked
+from models.safe_files import ANY, Grid, Keyed, Many, Maybe, OrNone, nan_at, read_checked, shape_problem
 
 SCHEMA = 3  # the version of analysis.json written, as "schema"; a file without one is version 1 (UPGRADES)
 
@@ -118,7 +118,7 @@ def _written_spearman(patching: dict[str, Any]) -> float | None:
     try:
         value = spearman(torch.tensor(patching["heads_attribution"]["values"]),
                          torch.tensor(patching["heads"]["values"]))
-    except (KeyError, TypeError, ValueError):  # a damaged file: the report names it when it draws the maps
+    except (KeyError, TypeError, ValueError):  # a damaged file: the shape check (SHAPE) names what is wrong
         return None
     return value if math.isfinite(value) else None
 
@@ -130,7 +130,9 @@ ANALYSIS_FIELDS = {"schema": (int, "an integer"), "run": (str, "a string"), "tas
 
 
 def _analysis_problem(data: dict[str, Any]) -> str | None:
-    """What keeps `data`, upgraded, from being an analysis.json (its top level), or None."""
+    """What keeps `data`, upgraded, from being an analysis.json this code draws, or None: its top
+    level, its task, then every field the report reads (SHAPE, and the task's verdict_shape and
+    probes_shape), so that the report's code trusts what it reads."""
     missing = [name for name in ANALYSIS_FIELDS if name not in data]
     if missing:
         return f"lacks {missing}"
@@ -141,4 +143,57 @@ def _analysis_problem(data: dict[str, Any]) -> str | None:
     known = analysed_tasks()
     if data["task"] not in known:
         return f"names task={data['task']!r}, which is unknown; known: {known}"
+    steps = task_analysis(data["task"])
+    problem = (shape_problem(data, SHAPE) or shape_problem(data["verdict"], steps.verdict_shape, "verdict")
+               or (shape_problem(data["probes"], steps.probes_shape, "probes") if data["probes"] is not None else None)
+               or _heads_problem(data))
+    return None if problem is None else f"is damaged or of another version ({problem}), so it cannot be shown"
+
+
+# What the report draws from analysis.json (interp/analysis_html.py), as the writer writes it
+# (interp/analysis.py), upgraded to SCHEMA: a field an older file lacks is null there
+_SWEEP = {"values": Grid(float), "layers": Many(int), "clean_metric": float, "corrupted_metric": float}
+_VERIFIED = {"k": int, "heads": int, "of": int}
+_EDGE = (str, str, float)  # sender head, receiver (head.q/k/v or logits), effect
+_CIRCUIT = {
+    "nodes": Many(str), "edges": Many(_EDGE), "faithfulness": float, "target": float, "reached": bool,
+    "faithfulness_mean": OrNone(float), "rule": str, "curve": Many(float), "candidate_edges": int,
+    "edge_faithfulness": OrNone(float), "edge_faithfulness_mean": OrNone(float), "no_edge_faithfulness": OrNone(float),
+    "areas": OrNone({"nodes": Keyed({"cpr": float, "cmd": float}),
+                     "edges": OrNone({"n_edges": int, "ablation": str, "cpr": float, "cmd": float})}),
+    # `workbench analyze --bootstrap` (interp/circuit_spread.py)
+    "bootstrap": Maybe(OrNone({"percentiles": (float, float), "intervals": Keyed(OrNone((float, float))),
+                               "stable": {"share": float, "nodes": Many(str), "edges": Many(str)},
+                               "node_share": Keyed(float), "edge_share": Keyed(float), "resamples": int, "pairs": int,
+                               "seed": int, "edges": ANY})),
+}
+_EVIDENCE = {"pairs": str, "shares": Grid(OrNone(float)), "status": Grid(str), "partner": Grid(OrNone(str)),
+             "joint": Grid(OrNone(float)), "scores": Grid(OrNone(float)),
+             "thresholds": {"used": float, "carries": float}}
+SHAPE = {
+    "heads": {"scores": Keyed(Grid(float)), "labels": Grid(str), "planted": Keyed(str), "evidence": OrNone(_EVIDENCE)},
+    "patching": {
+        "pairs": str, "n_pairs": ANY, "tokens": OrNone(Many(str)), "residual": _SWEEP, "heads": _SWEEP,
+        "heads_attribution": _SWEEP, "heads_attribution_spearman": OrNone(float),
+        "heads_attribution_verified": OrNone(_VERIFIED),
+        "heads_estimates_verified": Keyed(OrNone({**_VERIFIED, "spearman": OrNone(float)})),
+        "paths": OrNone({"strongest": Many(_EDGE), "circuit": OrNone(_CIRCUIT)}),
+    },
+}
+
+
+def _heads_problem(data: dict[str, Any]) -> str | None:
+    """Every per-head grid has the labels' shape (a circuit's head names need not: the drawing
+    places only the heads it knows)."""
+    labels = data["heads"]["labels"]
+    size = (len(labels), len(labels[0]))
+    if not data["heads"]["scores"]:
+        return "heads.scores holds no kind of head"
+    grids = {f"heads.scores.{kind}": grid for kind, grid in data["heads"]["scores"].items()}
+    evidence = data["heads"]["evidence"] or {}
+    grids.update({f"heads.evidence.{key}": evidence[key] for key in ("shares", "status", "partner", "joint", "scores")
+                  if key in evidence})
+    for where, grid in grids.items():
+        if (len(grid), len(grid[0])) != size:
+            return f"{where} is {len(grid)} x {len(grid[0])} where heads.labels is {size[0]} x {size[1]}"
     return None

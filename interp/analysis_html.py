@@ -170,8 +170,9 @@ def _edges_sentence(circuit: dict[str, Any]) -> str:
     return (f"Edges: {len(circuit['edges'])} of the {circuit['candidate_edges']} edges among the kept heads (a head's "
             f"output into a later kept head's query, key or value, or into the logits directly), left after dropping "
             f"edges, weakest path patching effect first, while the faithfulness stays at the target; with only "
-            f"these edges the heads keep {circuit['edge_faithfulness']:.2f} ({circuit['edge_faithfulness_mean']:.2f} "
-            f"under mean ablation), with none of them {circuit['no_edge_faithfulness']:.2f}. Paths through MLPs are "
+            f"these edges the heads keep {effect(circuit['edge_faithfulness'])} "
+            f"({effect(circuit['edge_faithfulness_mean'])} under mean ablation), with none of them "
+            f"{effect(circuit['no_edge_faithfulness'])}. Paths through MLPs are "
             f"not edges: MLPs read the residual stream as it flows. Each edge is labelled with its path patching "
             f"effect.")
 

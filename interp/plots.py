@@ -94,7 +94,7 @@ def heatmap(values: list[list[float]], xlabel: str, ylabel: str, title: str, xti
     image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     integer_ticks(ax, n_cols, n_rows)
-    if xticklabels is not None:
+    if xticklabels is not None and len(xticklabels) == n_cols:  # else the integer ticks stand
         ax.set_xticks(range(n_cols), xticklabels, rotation=90, fontsize=7)
     fig.colorbar(image, ax=ax)
     fig.tight_layout()

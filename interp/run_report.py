@@ -17,7 +17,7 @@ from interp.attention import attention_patterns
 from interp.report import Report, figure_html
 from interp.report_format import pair_grid_html, pair_keys
 from interp.tasks import task_analysis
-from models.runs import ANALYSIS, REPORT, LoadedRun, RunFolderError, non_finite_note, non_finite_weights
+from models.runs import REPORT, LoadedRun, non_finite_note, non_finite_weights
 from tasks import seeded_generator
 
 
@@ -26,17 +26,11 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345,
     """Summary, configuration, curves, attention views; with `analysis` (or the run's
     analysis.json), also the verdict, head scores, patching and probes."""
     report = Report(f"interp-workbench run: {run.path.name}")
-    stored = analysis is None  # read from the folder's analysis.json, which may be hand-edited or damaged
+    # analysis.json is read checked against every field the sections draw (interp.analysis_file)
     written = analysis.to_dict() if analysis is not None else read_analysis(run.path)
     report.add("Summary", _non_finite_html(run) + _summary_html(run) + _analysed_weights_html(run, written))
     if written:
-        try:
-            analysis_sections(report, written)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
-            if not stored:
-                raise
-            raise RunFolderError(f"{run.path / ANALYSIS} cannot be shown ({type(err).__name__}: {err}); it is damaged "
-                                 f"or of another version; run `workbench analyze {run.path}` again") from None
+        analysis_sections(report, written)
     _timeline_section(report, run)
     report.add("Training curves", _curves_html(run))
     labels = written["heads"]["labels"] if written else None  # read by analysis_sections above
@@ -60,14 +54,9 @@ def _timeline_section(report: Report, run: LoadedRun) -> None:
     from interp.timeline import read_timeline
     from interp.timeline_html import timeline_html
 
-    timeline = read_timeline(run.path)
-    if timeline is None:
-        return
-    try:
+    timeline = read_timeline(run.path)  # checked against every field the section draws
+    if timeline is not None:
         report.add("Timeline: the solution through training", timeline_html(timeline, run.metrics))
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
-        raise RunFolderError(f"{run.path / 'timeline.json'} cannot be shown ({type(err).__name__}: {err}); it is "
-                             f"damaged; run `workbench analyze {run.path} --timeline` again") from None
 
 
 def _analysed_weights_html(run: LoadedRun, written: dict | None) -> str:

@@ -186,25 +186,21 @@ def _fill_verdict(cell: Cell, run_dir: Path, steps: TaskAnalysis, task: str, las
                          "final_label": summary.get("final_label"), "changes": len(summary.get("changes") or [])}
     if analysis is not None:
         cell.source, cell.step = "analysis.json", (analysis.get("weights") or {}).get("step")
-        cell.label, cell.rates = _from_verdict(steps, analysis["verdict"], run_dir / "analysis.json")
+        cell.label, cell.rates = _from_verdict(steps, analysis["verdict"])
     elif timeline is not None and timeline["points"]:
         point = timeline["points"][-1]
         cell.source, cell.step, cell.label = "timeline.json", point["step"], str(point["label"])
-        cell.rates = _from_verdict(steps, point.get("verdict") or {}, run_dir / TIMELINE)[1]
+        cell.rates = _from_verdict(steps, point["verdict"])[1]
     elif last:
         cell.source, cell.step = "metrics.jsonl", last.get("step")
         found = steps.summary(last) or headline_summary(task, last)
         cell.label, cell.rates = str(found["label"]), _finite(found.get("rates") or {})
 
 
-def _from_verdict(steps: TaskAnalysis, verdict: dict[str, Any], path: Path) -> tuple[str, dict[str, float]]:
-    """A written verdict's label and deciding rates; RunFolderError naming `path` where the
-    verdict lacks what the task reads."""
-    try:
-        return steps.verdict_label(verdict), _finite(steps.verdict_rates(verdict))
-    except (KeyError, TypeError, ValueError, IndexError) as err:
-        raise RunFolderError(f"{path}: its verdict cannot be read ({type(err).__name__}: {err}); "
-                             "it is damaged") from None
+def _from_verdict(steps: TaskAnalysis, verdict: dict[str, Any]) -> tuple[str, dict[str, float]]:
+    """A written verdict's label and deciding rates (read from a file checked against the task's
+    verdict_shape)."""
+    return steps.verdict_label(verdict), _finite(steps.verdict_rates(verdict))
 
 
 def headline_summary(task: str, record: dict[str, Any]) -> dict[str, Any]:

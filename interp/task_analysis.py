@@ -20,6 +20,7 @@ from transformer_lens import HookedTransformer
 
 from interp.head_evidence import PairSet, ShareProbe
 from interp.patching import logit_diff_metric
+from models.safe_files import ANY, is_shape
 from tasks import Batch, Task, TaskContractError, logits_at_labels, seeded_generator
 
 if TYPE_CHECKING:
@@ -51,6 +52,11 @@ class TaskAnalysis(ABC):
 
     curves_caption: str = ""  # required: the caption under `curves`
     planted_note: str = ""  # HTML the report adds where a run's model has planted heads
+    # What verdict_html, probes_html, verdict_label and verdict_rates read of a written verdict
+    # and probe map (shapes of models.safe_files.shape_problem): analysis.json and timeline.json
+    # are checked against them where they are read, so those methods trust what they are given
+    verdict_shape: Any = ANY
+    probes_shape: Any = ANY
 
     @abstractmethod
     def findings(self, run: LoadedRun, seed: int) -> tuple[Probes | None, Verdict]:
@@ -132,6 +138,7 @@ def _numbers(name: str, value: Any) -> Iterator[tuple[str, float]]:
 
 REQUIRED_TEXT = ("curves_caption",)
 OPTIONAL_TEXT = ("planted_note",)
+SHAPES = ("verdict_shape", "probes_shape")  # optional: what a written verdict and probe map hold
 
 
 def analysis_contract() -> dict[str, bool]:
@@ -139,7 +146,7 @@ def analysis_contract() -> dict[str, bool]:
     the abstract methods and the required caption."""
     methods = [name for name, value in vars(TaskAnalysis).items() if callable(value) and not name.startswith("_")]
     return {name: name in TaskAnalysis.__abstractmethods__ or name in REQUIRED_TEXT
-            for name in [*methods, *REQUIRED_TEXT, *OPTIONAL_TEXT]}
+            for name in [*methods, *REQUIRED_TEXT, *OPTIONAL_TEXT, *SHAPES]}
 
 
 def check_analysis(name: str, analysis: object) -> None:
@@ -154,7 +161,10 @@ def check_analysis(name: str, analysis: object) -> None:
                    f"{type(analysis).__name__}")
     for member, required in analysis_contract().items():
         value = getattr(analysis, member)
-        if member in REQUIRED_TEXT or member in OPTIONAL_TEXT:
+        if member in SHAPES:
+            if not is_shape(value):
+                raise fail(f"`{member}` is {value!r}; it must be a shape (models.safe_files.shape_problem)")
+        elif member in REQUIRED_TEXT or member in OPTIONAL_TEXT:
             if not isinstance(value, str) or (required and not value.strip()):
                 raise fail(f"`{member}` is {value!r}; it must be a{' non-empty' if required else ''} string")
         elif not callable(value):

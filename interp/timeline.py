@@ -33,7 +33,7 @@ from interp.attention import classify_heads
 from interp.circuit import find_circuit
 from interp.patching import logit_diff_metric, patch_head_out
 from interp.task_analysis import TaskAnalysis, counterfactual_pairs
-from interp.tasks import task_analysis
+from interp.tasks import analysed_tasks, task_analysis
 from models.runs import (
     TIMELINE,
     LoadedRun,
@@ -42,7 +42,7 @@ from models.runs import (
     load_weights,
     verified_weights,
 )
-from models.safe_files import read_checked
+from models.safe_files import ANY, Grid, Keyed, Many, Maybe, OrNone, first_problem, read_checked, shape_problem
 from models.snapshots import read_index, read_snapshot
 from models.train import held_out_loss
 from tasks import Batch, seeded_generator
@@ -231,15 +231,38 @@ def read_timeline(run_dir: Path) -> dict[str, Any] | None:
                         again=f"run `workbench analyze {run_dir} --timeline` again")
 
 
-POINT_FIELDS = ("step", "label", "panels", "head_labels", "head_patching", "circuit")
+# What the report (interp/timeline_html.py) and the sweep page (interp/sweep_cells.py) read of
+# timeline.json; each point's verdict has its task's verdict_shape besides
+POINT_SHAPE = {"step": int, "reasons": Many(str), "label": str, "panels": Keyed(Keyed(float)), "verdict": dict,
+               "head_labels": Grid(str), "head_patching": OrNone(Grid(OrNone(float))), "circuit": Many(str),
+               "loss": Maybe(OrNone(float))}
+SUMMARY_SHAPE = {"final_label": ANY, "decided_at": OrNone(int), "changes": Many({"step": int, "from": str, "to": str}),
+                 "crossings": Keyed(Keyed(Keyed(OrNone(int)))),
+                 "heads": Keyed({"carrier_from": OrNone(int), "circuit_from": OrNone(int), "labels": Keyed(int)})}
 
 
 def _timeline_problem(data: Any) -> str | None:
-    """What keeps `data` from being a timeline this code reads, or None."""
+    """What keeps `data` from being a timeline this code draws, or None: every field the report
+    and the sweep page read, so that their code trusts what it reads."""
     if not isinstance(data, dict) or any(not isinstance(data.get(k), t) for k, t in TIMELINE_FIELDS.items()):
         return f"is not a timeline (an object with {sorted(TIMELINE_FIELDS)})"
     if data["schema"] != SCHEMA:
         return f"is timeline schema {data['schema']}; this workbench reads schema {SCHEMA}"
-    if any(not isinstance(p, dict) or any(k not in p for k in POINT_FIELDS) for p in data["points"]):
-        return f"holds a point without {list(POINT_FIELDS)}; it is damaged"
-    return None
+    if data["task"] not in analysed_tasks():
+        return f"names task={data['task']!r}, which is unknown; known: {analysed_tasks()}"
+    verdict = task_analysis(data["task"]).verdict_shape
+    problem = (shape_problem(data["points"], Many(POINT_SHAPE, least=1), "points")
+               or shape_problem(data["summary"], SUMMARY_SHAPE, "summary")
+               or first_problem(shape_problem(p["verdict"], verdict, f"points[{i}].verdict")
+                                for i, p in enumerate(data["points"])))
+    if problem is None:
+        size = _size(data["points"][0]["head_labels"])
+        problem = next((f"points[{i}] has a {what} of another shape than the first point's head_labels"
+                        for i, p in enumerate(data["points"]) for what in ("head_labels", "head_patching")
+                        if p[what] is not None and _size(p[what]) != size), None)
+    return None if problem is None else f"is damaged ({problem})"
+
+
+def _size(grid: list[list[Any]]) -> tuple[int, int]:
+    return len(grid), len(grid[0])
+

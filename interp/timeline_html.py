@@ -178,9 +178,9 @@ def heads_figure(points: list[dict[str, Any]]) -> plt.Figure:
 def _crossings_html(summary: dict[str, Any]) -> str:
     """The first step each series of the first panel reaches each level."""
     crossings = summary.get("crossings") or {}
-    if not crossings:
+    panel, series = next(iter(crossings.items()), (None, None))
+    if not series:
         return ""
-    panel, series = next(iter(crossings.items()))
     levels = list(next(iter(series.values())))
     rows = [[name, *("never" if found[level] is None else found[level] for level in levels)]
             for name, found in series.items()]

@@ -34,6 +34,7 @@ from interp.report import figure_html, table_html
 from interp.report_format import dict_table_html, evidence_html, is_series, rate, table_verdict_html
 from interp.task_analysis import TaskAnalysis, named_chain, predictions, without_unset
 from models.runs import LoadedRun
+from models.safe_files import ANY, Grid, Many, OrNone
 from tasks import Batch, CompositeTask, seeded_generator
 from tasks.base import uniform_choice
 
@@ -404,6 +405,10 @@ def composite_curves(metrics: list[dict[str, Any]]) -> plt.Figure:
 
 class CompositeAnalysis(TaskAnalysis):
     curves_caption = "Seen-pair accuracy on test keys, and the answers on the held-out pair."
+    verdict_shape = {"verdict": ANY, "seen_accuracy": float, "held_out_inferential": float,
+                     "held_out_symmetric": float, "held_out_other": float}
+    probes_shape = {"site_names": Many(str), "quantity_names": Many(str), "layer_names": Many(str),
+                    "accuracy": Many(Grid(OrNone(float)))}
 
     def findings(self, run: LoadedRun, seed: int) -> tuple[CompositeProbeMap, CompositeVerdict]:
         return composite_probe_map(run.model, run.task, seed=seed), composite_verdict(run.model, run.task, seed=seed)
@@ -421,10 +426,10 @@ class CompositeAnalysis(TaskAnalysis):
 
     def probes_html(self, probes: dict[str, Any]) -> str:
         rows = []
-        for site_index, site in enumerate(probes["site_names"]):
-            for quantity_index, quantity in enumerate(probes["quantity_names"]):
-                rows.append([site, quantity,
-                             *[rate(layer[site_index][quantity_index]) for layer in probes["accuracy"]]])
+        by_site = zip(*probes["accuracy"])  # per site, its row of quantities at every layer
+        for site, layers in zip(probes["site_names"], by_site):
+            for quantity, values in zip(probes["quantity_names"], zip(*layers)):
+                rows.append([site, quantity, *map(rate, values)])
         header = ["site", "quantity", *probes["layer_names"]]
         return "<p>Linear probe accuracy per layer.</p>" + table_html(rows, header)
 

@@ -42,6 +42,7 @@ from interp.tasks.lego_verdict import (
     rule_findings,
 )
 from models.runs import LoadedRun
+from models.safe_files import Grid, Many, Maybe, OrNone
 from tasks import LegoTask, seeded_generator
 
 # ---------------------------------------------------------------------------------------------
@@ -169,6 +170,11 @@ PLANTED_NOTE = (
 class LegoAnalysis(TaskAnalysis):
     curves_caption = "Solid: supervised variables; dashed: not supervised (extrapolation)."
     planted_note = PLANTED_NOTE
+    verdict_shape = {"findings": Many(str), "findings_from_circuit": Maybe(Many(str)), "acc_per_var": Many(float),
+                     "supervised": Many(bool), "learned_step": Many(OrNone(int)),
+                     "parity_rules": Maybe(OrNone(Many({"rule": str, "agreement": float})))}
+    probes_shape = {"accuracy": Grid(float), "depth_names": Many(str), "chance": float, "threshold": float,
+                    "first_layer": Many(OrNone(int))}
 
     def findings(self, run: LoadedRun, seed: int) -> tuple[ProbeMap, LegoVerdict]:
         return lego_findings(run, seed)
@@ -180,9 +186,11 @@ class LegoAnalysis(TaskAnalysis):
         lines = verdict["findings"] + verdict.get("findings_from_circuit", [])
         items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
         rules = verdict.get("parity_rules")  # Z2 only
-        rows = [[f"#{i}", rate(a), "yes" if s else "no", or_never(verdict["learned_step"][i]),
-                 *([f"{rules[i]['rule']} ({rules[i]['agreement']:.2f})"] if rules else [])]
-                for i, (a, s) in enumerate(zip(verdict["acc_per_var"], verdict["supervised"]))]
+        rows = [[f"#{i}", rate(a), "yes" if s else "no", or_never(step)]
+                for i, (a, s, step) in enumerate(zip(verdict["acc_per_var"], verdict["supervised"],
+                                                     verdict["learned_step"]))]
+        for row, rule in zip(rows, rules or []):
+            row.append(f"{rule['rule']} ({rule['agreement']:.2f})")
         header = ["variable", "test accuracy", "supervised", "learned at step",
                   *(["closest parity rule"] if rules else [])]
         return f"<ul>{items}</ul>" + table_html(rows, header)

@@ -18,6 +18,7 @@ from interp.task_analysis import TaskAnalysis, predictions
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import register_preset
 from models.runs import LoadedRun
+from models.safe_files import ANY
 from tasks import seeded_generator
 from tasks.modsum import ModsumConfig, ModsumTask
 
@@ -67,6 +68,7 @@ def modsum_cpu() -> RunConfig:
 
 class ModsumAnalysis(TaskAnalysis):
     curves_caption = "Test accuracy on fresh sums, and loss."
+    verdict_shape = {"verdict": ANY}
 
     def findings(self, run: LoadedRun, seed: int) -> tuple[None, ModsumVerdict]:
         return None, modsum_verdict(run.model, run.task, seed=seed)

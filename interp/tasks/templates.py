@@ -18,6 +18,7 @@ from interp.task_analysis import TaskAnalysis, predictions
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import register_preset
 from models.runs import LoadedRun
+from models.safe_files import ANY, Keyed
 from tasks import TemplatesConfig, TemplatesTask, seeded_generator
 
 LEARNED_ACCURACY = 0.95  # the accuracy from which a split counts as learned (as a LEGO variable)
@@ -69,6 +70,7 @@ def templates_cpu() -> RunConfig:
 
 class TemplatesAnalysis(TaskAnalysis):
     curves_caption = "Accuracy on strings of test symbols, never seen in training."
+    verdict_shape = {"verdict": ANY, "accuracy": Keyed(float)}
 
     def findings(self, run: LoadedRun, seed: int) -> tuple[None, TemplatesVerdict]:
         return None, templates_verdict(run.model, run.task, seed=seed)

@@ -334,6 +334,82 @@ def test_report_on_a_damaged_analysis_json_is_exit_2_naming_it(tmp_path, capsys,
     assert folder_bytes(out) == before
 
 
+DEEP_DAMAGE = {  # a field the report draws, damaged in a real analysis.json: where, and what the message says
+    "ragged-labels": (lambda a: a["heads"]["labels"].append(["x", "y"]), "heads.labels must be a grid"),
+    "values-as-text": (lambda a: a["patching"]["heads"].update(values="[[0.1]]"), "patching.heads.values must be"),
+    "evidence-of-another-shape": (lambda a: a["heads"]["scores"].update(extra=[[0.5]]), "heads.scores.extra is 1 x 1"),
+    "verdict-without-rates": (lambda a: a["verdict"].pop("seen_accuracy"), "verdict lacks ['seen_accuracy']"),
+    "probes-of-text": (lambda a: a["probes"].update(accuracy="high"), "probes.accuracy must be a list"),
+    "edge-of-two": (lambda a: a["patching"]["paths"]["strongest"].append(["L0H0", "logits"]),
+                    "must be a list of 3"),
+}
+
+
+@pytest.fixture(scope="module")
+def composite_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("composite") / "run"
+    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
+    return out
+
+
+@pytest.mark.parametrize("damage", list(DEEP_DAMAGE))
+def test_an_analysis_json_damaged_anywhere_the_report_reads_is_exit_2_naming_the_field(tmp_path, capsys,
+                                                                                      composite_run, damage):
+    """The report's code reads analysis.json without catching what a damaged file throws: the
+    file is checked where it is read, against every field the report draws, and a damaged one
+    is refused with exit 2 naming the file and the field; nothing is written."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(composite_run, out)
+    analysis = json.loads((Path(__file__).parents[1] / "data" / "analysis-9f7496e-composite.json").read_text())
+    (out / "analysis.json").write_text(json.dumps(analysis))
+    assert main(["report", str(out)]) == 0  # the file as written renders
+    damage_it, said = DEEP_DAMAGE[damage]
+    damage_it(analysis)
+    (out / "analysis.json").write_text(json.dumps(analysis))
+    capsys.readouterr()
+    before = folder_bytes(out)
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(out / "analysis.json") in err and said in err and "Traceback" not in err, err
+    assert folder_bytes(out) == before
+
+
+@pytest.mark.parametrize(("damage", "said"), [
+    (lambda t: t["points"].clear(), "points must hold at least 1 item(s)"),
+    (lambda t: t["points"][0].pop("reasons"), "points[0] lacks ['reasons']"),
+    (lambda t: t["points"][0]["verdict"].pop("held_out_symmetric"), "points[0].verdict lacks ['held_out_symmetric']"),
+    (lambda t: t["points"][0].update(head_patching=[[0.1, 0.2, 0.3]]), "points[0] has a head_patching of another"),
+    (lambda t: t["summary"]["changes"].append({"step": "late"}), "summary.changes[0] lacks ['from', 'to']"),
+    (lambda t: t.update(task="chess"), "task='chess'"),
+], ids=["no-points", "point-without-reasons", "verdict-without-a-rate", "patching-of-another-shape",
+        "change-without-labels", "unknown-task"])
+def test_a_damaged_timeline_json_is_exit_2_naming_the_field(tmp_path, capsys, composite_run, damage, said):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(composite_run, out)
+    verdict = {"verdict": "symmetric", "seen_accuracy": 1.0, "held_out_inferential": 0.1, "held_out_symmetric": 0.85,
+               "held_out_other": 0.05}
+    point = {"step": 40, "reasons": ["final weights"], "label": "symmetric", "panels": {"rates": {"seen": 1.0}},
+             "head_labels": [["mixed"], ["mixed"]], "head_patching": [[0.5], [0.1]], "circuit": ["L0H0"],
+             "verdict": verdict, "loss": 0.1}
+    timeline = {"schema": 1, "run": str(out), "task": "composite", "points": [point],
+                "summary": {"final_label": "symmetric", "decided_at": 40, "changes": [], "crossings": {},
+                            "heads": {}}}
+    (out / "timeline.json").write_text(json.dumps(timeline))
+    assert main(["report", str(out)]) == 0  # the file as written renders
+    damage(timeline)
+    (out / "timeline.json").write_text(json.dumps(timeline))
+    capsys.readouterr()
+    before = folder_bytes(out)
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(out / "timeline.json") in err and said in err and "Traceback" not in err, err
+    assert folder_bytes(out) == before
+
+
 def test_a_writer_whose_folder_another_writers_check_made_or_removed_still_gets_the_lock(tmp_path, monkeypatch):
     """The race the twenty-round test once hit: writer A's --out check makes the folder and removes
     it again. Writer B must then neither be refused as 'cannot be created' (the folder exists

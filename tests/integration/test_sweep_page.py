@@ -102,12 +102,13 @@ def test_a_2x2_composite_grid_is_a_2x2_figure_with_one_seed_per_square(sweep):
 
 def test_a_verdict_comes_from_the_timeline_before_the_metrics_and_the_cell_links_it(sweep):
     run = sweep / CELLS[1]
-    verdict = {"seen_accuracy": 1.0, "held_out_inferential": 0.1, "held_out_symmetric": 0.85}
-    point = {"step": 12, "label": "symmetric", "panels": {}, "head_labels": [], "head_patching": None, "circuit": [],
-             "verdict": verdict}
+    verdict = {"verdict": "symmetric", "seen_accuracy": 1.0, "held_out_inferential": 0.1, "held_out_symmetric": 0.85,
+               "held_out_other": 0.05}
+    point = {"step": 12, "reasons": ["final weights"], "label": "symmetric", "panels": {}, "head_labels": [["mixed"]],
+             "head_patching": None, "circuit": [], "verdict": verdict}
     (run / "timeline.json").write_text(json.dumps({
         "schema": 1, "run": str(run), "task": "composite", "points": [point],
-        "summary": {"final_label": "symmetric", "decided_at": 6, "changes": []}}))
+        "summary": {"final_label": "symmetric", "decided_at": 6, "changes": [], "crossings": {}, "heads": {}}}))
     assert main(["report", str(sweep)]) == 0
     cell = _page(sweep)["cells"][CELLS[1]]
     assert (cell["label"], cell["source"]) == ("symmetric", "timeline.json")
