@@ -363,17 +363,23 @@ def test_an_analysis_json_damaged_anywhere_the_report_reads_is_exit_2_naming_the
     out = tmp_path / "run"
     shutil.copytree(composite_run, out)
     analysis = json.loads((Path(__file__).parents[1] / "data" / "analysis-9f7496e-composite.json").read_text())
-    (out / "analysis.json").write_text(json.dumps(analysis))
-    assert main(["report", str(out)]) == 0  # the file as written renders
     damage_it, said = DEEP_DAMAGE[damage]
-    damage_it(analysis)
-    (out / "analysis.json").write_text(json.dumps(analysis))
+    _renders_then_is_refused(out / "analysis.json", analysis, damage_it, said, capsys)
+
+
+def _renders_then_is_refused(path: Path, data: dict, damage, said: str, capsys) -> None:
+    """`data` written to `path` renders (`workbench report`); damaged, it is exit 2 naming the
+    file and `said`, without a traceback, and the folder is left as it was."""
+    path.write_text(json.dumps(data))
+    assert main(["report", str(path.parent)]) == 0
+    damage(data)
+    path.write_text(json.dumps(data))
     capsys.readouterr()
-    before = folder_bytes(out)
-    assert main(["report", str(out)]) == 2
+    before = folder_bytes(path.parent)
+    assert main(["report", str(path.parent)]) == 2
     err = capsys.readouterr().err
-    assert str(out / "analysis.json") in err and said in err and "Traceback" not in err, err
-    assert folder_bytes(out) == before
+    assert str(path) in err and said in err and "Traceback" not in err, err
+    assert folder_bytes(path.parent) == before
 
 
 @pytest.mark.parametrize(("damage", "said"), [
@@ -398,16 +404,7 @@ def test_a_damaged_timeline_json_is_exit_2_naming_the_field(tmp_path, capsys, co
     timeline = {"schema": 1, "run": str(out), "task": "composite", "points": [point],
                 "summary": {"final_label": "symmetric", "decided_at": 40, "changes": [], "crossings": {},
                             "heads": {}}}
-    (out / "timeline.json").write_text(json.dumps(timeline))
-    assert main(["report", str(out)]) == 0  # the file as written renders
-    damage(timeline)
-    (out / "timeline.json").write_text(json.dumps(timeline))
-    capsys.readouterr()
-    before = folder_bytes(out)
-    assert main(["report", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert str(out / "timeline.json") in err and said in err and "Traceback" not in err, err
-    assert folder_bytes(out) == before
+    _renders_then_is_refused(out / "timeline.json", timeline, damage, said, capsys)
 
 
 def test_a_writer_whose_folder_another_writers_check_made_or_removed_still_gets_the_lock(tmp_path, monkeypatch):
