@@ -31,7 +31,7 @@ def test_report_is_offline_and_inlines_the_bundle_once(tmp_path):
     assert "unpkg.com" not in page and "cdn.jsdelivr" not in page and "<script src" not in page
     assert page.count("var CircuitsVis") == 1
     assert page.count("CircuitsVis.AttentionHeads") == 2 * 2  # 2 examples x 2 layers
-    assert len(re.findall(r"data:image/png;base64,", page)) == 1
+    assert len(re.findall(r"data:image/png;base64,", page)) == 1 + 2  # the curves, each example's heads
     assert (out / "report.html").stat().st_size < 3_000_000
 
 
