@@ -13,7 +13,8 @@ import torch
 from interp.patching import spearman
 from interp.tasks import analysed_tasks, task_analysis
 from models.runs import ANALYSIS, RunFolderError, verified_weights
-from models.safe_files import ANY, Grid, Keyed, Many, Maybe, OrNone, nan_at, read_checked, shape_problem
+from models.safe_files import nan_at, read_checked
+from models.shapes import ANY, Grid, Keyed, Many, Maybe, OrNone, shape_problem
 
 SCHEMA = 3  # the version of analysis.json written, as "schema"; a file without one is version 1 (UPGRADES)
 

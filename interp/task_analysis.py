@@ -20,7 +20,7 @@ from transformer_lens import HookedTransformer
 
 from interp.head_evidence import PairSet, ShareProbe
 from interp.patching import logit_diff_metric
-from models.safe_files import ANY, is_shape
+from models.shapes import ANY, is_shape
 from tasks import Batch, Task, TaskContractError, logits_at_labels, seeded_generator
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class TaskAnalysis(ABC):
     curves_caption: str = ""  # required: the caption under `curves`
     planted_note: str = ""  # HTML the report adds where a run's model has planted heads
     # What verdict_html, probes_html, verdict_label and verdict_rates read of a written verdict
-    # and probe map (shapes of models.safe_files.shape_problem): analysis.json and timeline.json
+    # and probe map (shapes of models.shapes.shape_problem): analysis.json and timeline.json
     # are checked against them where they are read, so those methods trust what they are given
     verdict_shape: Any = ANY
     probes_shape: Any = ANY
@@ -163,7 +163,7 @@ def check_analysis(name: str, analysis: object) -> None:
         value = getattr(analysis, member)
         if member in SHAPES:
             if not is_shape(value):
-                raise fail(f"`{member}` is {value!r}; it must be a shape (models.safe_files.shape_problem)")
+                raise fail(f"`{member}` is {value!r}; it must be a shape (models.shapes.shape_problem)")
         elif member in REQUIRED_TEXT or member in OPTIONAL_TEXT:
             if not isinstance(value, str) or (required and not value.strip()):
                 raise fail(f"`{member}` is {value!r}; it must be a{' non-empty' if required else ''} string")

@@ -42,7 +42,8 @@ from models.runs import (
     load_weights,
     verified_weights,
 )
-from models.safe_files import ANY, Grid, Keyed, Many, Maybe, OrNone, first_problem, read_checked, shape_problem
+from models.safe_files import read_checked
+from models.shapes import ANY, Grid, Keyed, Many, Maybe, OrNone, first_problem, shape_problem
 from models.snapshots import read_index, read_snapshot
 from models.train import held_out_loss
 from tasks import Batch, seeded_generator

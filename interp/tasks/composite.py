@@ -34,7 +34,7 @@ from interp.report import figure_html, table_html
 from interp.report_format import dict_table_html, evidence_html, is_series, rate, table_verdict_html
 from interp.task_analysis import TaskAnalysis, named_chain, predictions, without_unset
 from models.runs import LoadedRun
-from models.safe_files import ANY, Grid, Many, OrNone
+from models.shapes import ANY, Grid, Many, OrNone
 from tasks import Batch, CompositeTask, seeded_generator
 from tasks.base import uniform_choice
 

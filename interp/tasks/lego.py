@@ -42,7 +42,7 @@ from interp.tasks.lego_verdict import (
     rule_findings,
 )
 from models.runs import LoadedRun
-from models.safe_files import Grid, Many, Maybe, OrNone
+from models.shapes import Grid, Many, Maybe, OrNone
 from tasks import LegoTask, seeded_generator
 
 # ---------------------------------------------------------------------------------------------

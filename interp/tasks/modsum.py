@@ -18,7 +18,7 @@ from interp.task_analysis import TaskAnalysis, predictions
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import register_preset
 from models.runs import LoadedRun
-from models.safe_files import ANY
+from models.shapes import ANY
 from tasks import seeded_generator
 from tasks.modsum import ModsumConfig, ModsumTask
 

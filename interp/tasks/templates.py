@@ -18,7 +18,7 @@ from interp.task_analysis import TaskAnalysis, predictions
 from models.config import ModelConfig, RunConfig, TrainConfig
 from models.presets import register_preset
 from models.runs import LoadedRun
-from models.safe_files import ANY, Keyed
+from models.shapes import ANY, Keyed
 from tasks import TemplatesConfig, TemplatesTask, seeded_generator
 
 LEARNED_ACCURACY = 0.95  # the accuracy from which a split counts as learned (as a LEGO variable)

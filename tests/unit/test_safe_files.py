@@ -15,13 +15,7 @@ import pytest
 import torch
 
 from models.safe_files import (
-    ANY,
     LOCK,
-    Grid,
-    Keyed,
-    Many,
-    Maybe,
-    OrNone,
     RunFolderError,
     finite_json,
     is_own_temp,
@@ -33,7 +27,6 @@ from models.safe_files import (
     remove_dead_temps,
     run_lock,
     save_tensors,
-    shape_problem,
     writer_pid,
 )
 from tests.helpers import no_hang
@@ -170,30 +163,3 @@ def test_read_checked_is_none_where_nothing_is_and_names_the_file_what_is_wrong_
     path.write_text('{"schema": 1}')
     assert read_checked(path, problem, "run it again") == {"schema": 1}
 
-
-SHAPE = {"name": str, "grid": Grid(float), "pairs": Many((str, float), least=1), "by": Keyed(OrNone(int)),
-         "flag": bool, "note": Maybe(str), "free": ANY}
-GOOD = {"name": "x", "grid": [[1, 2.5], [float("nan"), 0]], "pairs": [["a", 1]], "by": {"k": None, "j": 3},
-        "flag": False, "free": [{}], "extra": "allowed"}
-
-
-@pytest.mark.parametrize(("change", "said"), [
-    ({"name": 1}, "name must be a string"),
-    ({"grid": [[1, 2], [3]]}, "grid must be a grid: rows of one nonzero length"),
-    ({"grid": []}, "grid must be a grid: rows of one nonzero length"),
-    ({"grid": [[1, "2"]]}, "grid[0][1] must be a number"),
-    ({"grid": [[True]]}, "grid[0][0] must be a number"),  # a bool is no number
-    ({"pairs": []}, "pairs must hold at least 1 item(s)"),
-    ({"pairs": [["a"]]}, "pairs[0] must be a list of 2"),
-    ({"pairs": [["a", None]]}, "pairs[0][1] must be a number"),
-    ({"by": {"k": 1.5}}, "by.k must be an integer"),
-    ({"by": []}, "by must be an object"),
-    ({"flag": 0}, "flag must be true or false"),
-    ({"note": None}, "note must be a string"),  # may be absent, but not null
-    ({"name": None}, "name must be a string"),
-])
-def test_a_shape_names_where_a_document_differs_and_how(change, said):
-    assert shape_problem(GOOD, SHAPE) is None and shape_problem({**GOOD, "note": "n"}, SHAPE) is None
-    assert shape_problem({**GOOD, **change}, SHAPE) == said
-    missing = {k: v for k, v in GOOD.items() if k != "flag"}
-    assert shape_problem(missing, SHAPE) == "the document lacks ['flag']"

@@ -174,7 +174,7 @@ def test_contributing_points_to_the_contract_instead_of_repeating_it():
     ({"findings": None}, "`findings` is None; it must be a method"),
     ({"summary": "acc"}, "`summary` is 'acc'; it must be a method"),
     ({"verdict_shape": {"acc": "a number"}},
-     "`verdict_shape` is {'acc': 'a number'}; it must be a shape (models.safe_files.shape_problem)"),
+     "`verdict_shape` is {'acc': 'a number'}; it must be a shape (models.shapes.shape_problem)"),
 ])
 def test_a_broken_analysis_is_refused_naming_the_task_the_member_and_the_doc(change, message):
     import copy
