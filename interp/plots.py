@@ -142,30 +142,50 @@ def attention_grid(patterns: Any, tokens: list[str], names: list[list[str]], cau
     """Every head's attention on one example, a small heatmap per head (rows: layers, columns:
     heads), each titled with its name and label: the whole model at a size a page can hold.
     `patterns` is [layer, head, query, key] (numpy or torch, on the CPU). Token names label the
-    outer axes where there are few enough to read (LABELLED_TOKENS); a causal model's future keys are left blank."""
+    outer edges where there are few enough to read (LABELLED_TOKENS); a causal model's future keys
+    are left blank. The heads are tiles of one image on one axes: a figure of 48 axes took seconds
+    to lay out and draw, one image takes a fraction of one."""
     import numpy as np
+    from matplotlib.patches import Rectangle
 
     values = np.asarray(patterns, dtype=float)
     n_layers, n_heads, n_pos = values.shape[0], values.shape[1], values.shape[-1]
     if causal:
         values = np.where(np.tril(np.ones((n_pos, n_pos), dtype=bool)), values, np.nan)
-    cell = 2.3 if n_pos <= LABELLED_TOKENS else 2.8
-    fig, axes = plt.subplots(n_layers, n_heads, figsize=(cell * n_heads + 0.8, cell * n_layers + 0.6),
-                             squeeze=False)
-    shown = n_pos <= LABELLED_TOKENS
+    cell = 2.3 if n_pos <= LABELLED_TOKENS else 2.8  # inches a head
+    gap = math.ceil(0.3 * n_pos / cell)  # blank tokens between two heads: about 0.3 inch
+    band = math.ceil(0.25 * n_pos / cell)  # blank rows above a head, for its title
+    across, down = n_pos + gap, band + n_pos + gap  # from one head's corner to the next one's
+    mosaic = np.full((n_layers * down - gap, n_heads * across - gap), np.nan)
     for layer in range(n_layers):
         for head in range(n_heads):
-            ax = axes[layer, head]
-            image = ax.imshow(values[layer, head], cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_title(names[layer][head], fontsize=9)
-            # token names on the outer axes only (each tick label is a text to lay out)
-            bottom, left = shown and layer == n_layers - 1, shown and head == 0
-            ax.set_xticks(range(n_pos) if bottom else [], tokens if bottom else [], rotation=90, fontsize=5)
-            ax.set_yticks(range(n_pos) if left else [], tokens if left else [], fontsize=5)
-            ax.tick_params(length=0)
-    for ax in axes[-1]:
-        ax.set_xlabel("key", fontsize=8)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("query", fontsize=8)
-    fig.colorbar(image, ax=axes, shrink=min(0.6, 3.0 / n_layers), label="attention")
+            top, left = layer * down + band, head * across
+            mosaic[top:top + n_pos, left:left + n_pos] = values[layer, head]
+    inch = cell / n_pos  # a token's width
+    fig, ax = plt.subplots(figsize=(mosaic.shape[1] * inch + 0.8, mosaic.shape[0] * inch + 0.6))
+    blues = plt.get_cmap("Blues").copy()
+    blues.set_bad("white")  # the gaps, and a causal model's future keys
+    image = ax.imshow(mosaic, cmap=blues, vmin=0, vmax=1, interpolation="nearest")
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            left, top = head * across - 0.5, layer * down + band - 0.5
+            ax.add_patch(Rectangle((left, top), n_pos, n_pos, fill=False, linewidth=0.6, edgecolor="0.6",
+                                   clip_on=False))
+            ax.text(left + n_pos / 2, top - 0.2, names[layer][head], ha="center", va="bottom", fontsize=9)
+    if n_pos <= LABELLED_TOKENS:  # token names on the outer edges, as plain texts (ticks cost more to lay out)
+        bottom = n_layers * down - gap - 0.5
+        for i, token in enumerate(tokens):
+            for head in range(n_heads):
+                ax.text(head * across + i, bottom + 0.3, token, rotation=90, ha="center", va="top", fontsize=5)
+            for layer in range(n_layers):
+                ax.text(-0.8, layer * down + band + i, token, ha="right", va="center", fontsize=5)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_frame_on(False)
+    names_pt = 3.2 * max(map(len, tokens)) + 6 if n_pos <= LABELLED_TOKENS else 0  # room the token names take
+    ax.annotate("key", (0.5, 0), xycoords="axes fraction", xytext=(0, -names_pt - 4), textcoords="offset points",
+                ha="center", va="top", fontsize=8)
+    ax.annotate("query", (0, 0.5), xycoords="axes fraction", xytext=(-names_pt - 6, 0), textcoords="offset points",
+                ha="right", va="center", rotation=90, fontsize=8)
+    fig.colorbar(image, ax=ax, shrink=min(0.6, 3.0 / n_layers), label="attention")
     return fig

@@ -79,12 +79,17 @@ def test_the_attention_grid_titles_each_head_with_its_label_and_blanks_a_causal_
     names = [[f"L{layer}H{head} association" for head in range(n_heads)] for layer in range(n_layers)]
     tokens = [f"t{i}" for i in range(n_pos)]
     fig = plots.attention_grid(patterns, tokens, names, causal=True)
-    heads = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title() for ax in heads] == [name for row in names for name in row]
-    blank = np.ma.getmaskarray(heads[-1].get_images()[0].get_array())
-    assert blank[0, 1] and not blank[1, 0]  # a query never sees a later key
-    shown = [t.get_text() for t in heads[-n_heads].get_xticklabels()]  # the bottom row names the keys
-    assert shown == (tokens if n_pos <= plots.LABELLED_TOKENS else [])  # names where they can be read
+    (ax,) = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]  # every head is a tile of one image
+    texts = [text.get_text() for text in ax.texts]
+    assert [text for text in texts if text.endswith("association")] == [name for row in names for name in row]
+    blank = np.ma.getmaskarray(ax.get_images()[0].get_array())
+    tiles = [patch.get_xy() for patch in ax.patches]  # each head's frame: its top-left corner
+    assert len(tiles) == n_layers * n_heads
+    for left, top in tiles:
+        row, col = round(top + 0.5), round(left + 0.5)
+        assert blank[row, col + 1] and not blank[row + 1, col] and not blank[row, col]  # never a later key
+    named = sum(text in tokens for text in texts)  # every head column and layer row names its tokens
+    assert named == (n_pos * (n_heads + n_layers) if n_pos <= plots.LABELLED_TOKENS else 0)
     width, height = fig.get_size_inches()
-    assert width <= 2.8 * n_heads + 1 and height <= 2.8 * n_layers + 1  # a few inches a head, whatever the model
+    assert width <= 3.5 * n_heads + 1 and height <= 3.5 * n_layers + 1  # a few inches a head, whatever the model
     plt.close(fig)
