@@ -1,9 +1,9 @@
 """Shared fixtures. jaxtyping annotations of the workbench are checked at runtime by beartype in
-the tests (the import hook must run before the packages are imported)."""
+the tests (tests/typecheck.py; the import hook must run before the packages are imported)."""
 
-from jaxtyping import install_import_hook
+from tests.typecheck import typechecked_imports
 
-with install_import_hook(["tasks", "models", "interp"], "beartype.beartype"):
+with typechecked_imports():
     import interp.analysis  # noqa: F401
     import interp.attention  # noqa: F401
     import interp.patching  # noqa: F401
