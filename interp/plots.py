@@ -163,8 +163,7 @@ def attention_grid(patterns: Any, tokens: list[str], names: list[list[str]], cau
             mosaic[top:top + n_pos, left:left + n_pos] = values[layer, head]
     inch = cell / n_pos  # a token's width
     fig, ax = plt.subplots(figsize=(mosaic.shape[1] * inch + 0.8, mosaic.shape[0] * inch + 0.6))
-    blues = plt.get_cmap("Blues").copy()
-    blues.set_bad("white")  # the gaps, and a causal model's future keys
+    blues = plt.get_cmap("Blues").with_extremes(bad="white")  # the gaps, and a causal model's future keys
     image = ax.imshow(mosaic, cmap=blues, vmin=0, vmax=1, interpolation="nearest")
     for layer in range(n_layers):
         for head in range(n_heads):
