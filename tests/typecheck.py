@@ -1,8 +1,8 @@
 """The suite's runtime type check: jaxtyping's import hook with beartype over tasks, models and
 interp, decorating each module's functions, methods and classes but not the functions defined
 inside functions. Those are hooks and closures made anew on every call (a patching hook per edge
-set, a hook per layer), so decorating them cost a beartype compilation per call: about a fifth of
-an analysis test's time, for checks of arguments that the enclosing, checked function has already
+set, a hook per layer), so decorating them cost a beartype compilation per call (most of what
+the check cost an analysis test), for checks of arguments that the enclosing, checked function has already
 passed in. Should jaxtyping's internals change, the stock hook (every function) is used."""
 
 from __future__ import annotations
