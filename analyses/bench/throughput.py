@@ -201,6 +201,9 @@ def denormal_step_rate(flush: bool, warm_steps: int, timed_steps: int) -> float:
     return timed_steps / (time.perf_counter() - start)
 
 
+QUICK_BATCH = 16  # --quick tests the command's shape: its training steps at this batch, not lego-cpu's 128
+
+
 def run_benchmarks(quick: bool = False) -> dict[str, float]:
     repeats = 2 if quick else 5
     n = 10_000 if quick else 100_000
@@ -212,25 +215,27 @@ def run_benchmarks(quick: bool = False) -> dict[str, float]:
     print(f"task generation  composite: {results['composite_sequences_per_s']:,.0f} sequences/s")
 
     cfg = get_preset("lego-cpu")
-    step, flops, tokens = training_step_fn(cfg, cfg.train.batch_size)
+    batch_size = QUICK_BATCH if quick else cfg.train.batch_size
+    step, flops, tokens = training_step_fn(cfg, batch_size)
     peak = matmul_peak(repeats=5 if quick else 20)
     seconds = best_time(step, 3 if quick else 10)
     results.update(train_tokens_per_s=tokens / seconds, train_flops_per_s=flops / seconds, matmul_peak_flops=peak)
-    print(f"training (lego-cpu, batch {cfg.train.batch_size}): {tokens / seconds:,.0f} tokens/s, "
+    print(f"training (lego-cpu, batch {batch_size}): {tokens / seconds:,.0f} tokens/s, "
           f"{1 / seconds:.1f} steps/s, {flops / 1e6:.1f} MFLOP/step")
     print(f"achieved {flops / seconds / 1e9:.2f} GFLOP/s = {flops / seconds / peak:.1%} of the float32 matmul "
           f"peak measured now ({peak / 1e9:.1f} GFLOP/s, 1024x1024)")
 
     if quick:
         print("compiled training modes skipped: --quick (compilation alone takes minutes on a CPU)")
-    results.update(training_modes((128,) if quick else (128, 512), repeats=2 if quick else 5, compiled=not quick))
+    batches = (QUICK_BATCH,) if quick else (128, 512)
+    results.update(training_modes(batches, repeats=2 if quick else 5, compiled=not quick))
     if not quick:  # the composite phase study's cells (cpu scale: compiled, bf16 where the CPU has it)
         composite = {f"composite_d{depth}_" + key: value for depth in (2, 5) for key, value in training_modes(
             (256,), 5, get_preset("composite-cpu").with_overrides([f"model.n_layers={depth}"]),
             shape=f"composite-cpu shape, depth {depth}").items()}
         results.update(composite)
 
-    warm, timed = (50, 20) if quick else (400, 100)
+    warm, timed = (10, 5) if quick else (400, 100)
     slow, fast = denormal_step_rate(False, warm, timed), denormal_step_rate(True, warm, timed)
     results.update(denormal_off_steps_per_s=slow, denormal_flush_steps_per_s=fast)
     print(f"large init (composite-cpu, gamma 0.3, after {warm} steps): {slow:.1f} steps/s without flush-to-zero, "

@@ -9,7 +9,8 @@ from pathlib import Path
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("benchmark", help="task generation rate, training throughput and FLOP/s vs a matmul peak")
-    bench.add_argument("--quick", action="store_true", help="shorter measurements (for tests)")
+    bench.add_argument("--quick", action="store_true", help="shorter measurements at a batch of 16 "
+                       "(for tests: the numbers are not lego-cpu's)")
     bench.add_argument("--patching", type=Path, metavar="RUN_DIR",
                        help="instead: exact vs TransformerLens vs attribution patching on this trained run")
     bench.add_argument("--label-index", type=int, default=0, help="with --patching: the label slot the metric reads")
