@@ -152,7 +152,8 @@ def attention_grid(patterns: Any, tokens: list[str], names: list[list[str]], cau
     n_layers, n_heads, n_pos = values.shape[0], values.shape[1], values.shape[-1]
     if causal:
         values = np.where(np.tril(np.ones((n_pos, n_pos), dtype=bool)), values, np.nan)
-    cell = 2.3 if n_pos <= LABELLED_TOKENS else 2.8  # inches a head
+    named = n_pos <= LABELLED_TOKENS  # token names on the outer edges, as plain texts (ticks cost more to lay out)
+    cell = 2.3 if named else 2.8  # inches a head
     gap = math.ceil(0.3 * n_pos / cell)  # blank tokens between two heads: about 0.3 inch
     band = math.ceil(0.25 * n_pos / cell)  # blank rows above a head, for its title
     across, down = n_pos + gap, band + n_pos + gap  # from one head's corner to the next one's
@@ -171,7 +172,7 @@ def attention_grid(patterns: Any, tokens: list[str], names: list[list[str]], cau
             ax.add_patch(Rectangle((left, top), n_pos, n_pos, fill=False, linewidth=0.6, edgecolor="0.6",
                                    clip_on=False))
             ax.text(left + n_pos / 2, top - 0.2, names[layer][head], ha="center", va="bottom", fontsize=9)
-    if n_pos <= LABELLED_TOKENS:  # token names on the outer edges, as plain texts (ticks cost more to lay out)
+    if named:
         bottom = n_layers * down - gap - 0.5
         for i, token in enumerate(tokens):
             for head in range(n_heads):
@@ -181,7 +182,7 @@ def attention_grid(patterns: Any, tokens: list[str], names: list[list[str]], cau
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_frame_on(False)
-    names_pt = 3.2 * max(map(len, tokens)) + 6 if n_pos <= LABELLED_TOKENS else 0  # room the token names take
+    names_pt = 3.2 * max(map(len, tokens)) + 6 if named else 0  # room the token names take
     ax.annotate("key", (0.5, 0), xycoords="axes fraction", xytext=(0, -names_pt - 4), textcoords="offset points",
                 ha="center", va="top", fontsize=8)
     ax.annotate("query", (0, 0.5), xycoords="axes fraction", xytext=(-names_pt - 6, 0), textcoords="offset points",

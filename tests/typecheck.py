@@ -2,8 +2,9 @@
 interp, decorating each module's functions, methods and classes but not the functions defined
 inside functions. Those are hooks and closures made anew on every call (a patching hook per edge
 set, a hook per layer), so decorating them cost a beartype compilation per call (most of what
-the check cost an analysis test), for checks of arguments that the enclosing, checked function has already
-passed in. Should jaxtyping's internals change, the stock hook (every function) is used."""
+the check cost an analysis test), for checks of arguments that the enclosing, checked function
+has already passed in. Should jaxtyping's internals change, the stock hook (every function) is
+used."""
 
 from __future__ import annotations
 

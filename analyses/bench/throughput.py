@@ -228,7 +228,7 @@ def run_benchmarks(quick: bool = False) -> dict[str, float]:
     if quick:
         print("compiled training modes skipped: --quick (compilation alone takes minutes on a CPU)")
     batches = (QUICK_BATCH,) if quick else (128, 512)
-    results.update(training_modes(batches, repeats=2 if quick else 5, compiled=not quick))
+    results.update(training_modes(batches, repeats=repeats, compiled=not quick))
     if not quick:  # the composite phase study's cells (cpu scale: compiled, bf16 where the CPU has it)
         composite = {f"composite_d{depth}_" + key: value for depth in (2, 5) for key, value in training_modes(
             (256,), 5, get_preset("composite-cpu").with_overrides([f"model.n_layers={depth}"]),
