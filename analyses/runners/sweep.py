@@ -3,7 +3,8 @@ cell is skipped, a killed one resumes from its checkpoint, a diverged or crashed
 recorded and never stops the others.
 
 Backends: `local` trains in this process (workers=1, with the caller's torch threads) or in a
-pool of worker processes (forkserver, so no worker inherits the parent's threads or locks),
+pool of worker processes (forkserver, so no worker inherits the parent's threads or locks; the
+server imports torch and the trainer once and each worker is a fork of it, not a fresh import),
 each limited to cores // workers torch threads; `ray` runs each cell as a Ray task, on a
 cluster (`address`) or on a local Ray instance. A cell's result depends only on its config, so every backend
 gives the same numbers for the same grid.
@@ -41,6 +42,9 @@ from models.runs import RunFolderError, atomic_write_bytes, read_json
 from tasks import ConfigError
 
 BACKENDS = ("local", "ray")
+# what a pool's fork server imports before it forks workers (read when the server starts: the first
+# pool of a process); without them every worker imports torch and TransformerLens anew, seconds each
+WORKER_IMPORTS = ("torch", "models.train")
 INDEX, PLAN, CELLS_INDEX = "sweep.json", "sweep_plan.json", "cells.json"
 
 
@@ -123,6 +127,8 @@ def _pool_round(jobs: dict[str, tuple[dict, str]], workers: int, record: Callabl
     threads = threads_per_worker(workers)
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     context = multiprocessing.get_context(method)
+    if method == "forkserver":  # the server imports torch and the trainer once; each worker is a fork of it
+        context.set_forkserver_preload(list(WORKER_IMPORTS))
     lost: list[str] = []
     # every worker dies with this process, however it ends (analyses/runners/lifeline.py)
     pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)) or 1, mp_context=context,

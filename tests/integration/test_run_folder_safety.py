@@ -19,6 +19,7 @@ from analyses.cli import main
 from models.runs import LOCK, METRICS, TRAIN_STATE, WEIGHTS, read_metrics, run_lock
 from models.train import Trainer
 from tests.helpers import folder_bytes, tiny_composite_run
+from tests.processes import Command, start, start_cli
 
 SHORT = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=40",
          "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20", "--set", "train.eval_size=200",
@@ -31,10 +32,8 @@ def same_weights(a: Path, b: Path) -> bool:
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
-def workbench(*args: str, cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "analyses.cli", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def workbench(*args: str, cwd: Path) -> Command:
+    return start_cli(*args, cwd=cwd)
 
 
 def two_writers(tmp_path: Path, rounds: int) -> None:
@@ -48,7 +47,7 @@ def two_writers(tmp_path: Path, rounds: int) -> None:
         procs = {name: workbench("train", "--preset", "composite-cpu", "--out", str(out), *SHORT, *extra, cwd=tmp_path)
                  for name, extra in configs.items()}
         codes = {name: proc.wait(timeout=300) for name, proc in procs.items()}
-        errors = {name: proc.stderr.read() for name, proc in procs.items()}
+        errors = {name: proc.stderr() for name, proc in procs.items()}
         assert sorted(codes.values()) == [0, 2], (codes, errors)
         winner = next(name for name, code in codes.items() if code == 0)
         loser = next(name for name in codes if name != winner)
@@ -78,7 +77,7 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
         assert (out / LOCK).read_text() == str(os.getpid())
         other = workbench("train", "--preset", "composite-cpu", "--out", str(out), *SHORT, cwd=tmp_path)
         assert other.wait(timeout=120) == 2
-        assert f"pid {os.getpid()}" in other.stderr.read()
+        assert f"pid {os.getpid()}" in other.stderr()
         assert sorted(p.name for p in out.iterdir()) == [LOCK]  # the refused writer wrote nothing
     assert not (out / LOCK).exists()
 
@@ -128,31 +127,29 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
     assert not (out / LOCK).exists()
 
 
+def train_dying_at(out: Path, kill_at: str) -> int:
+    """`workbench train` of the composite-cpu preset that dies (exit 9) after the train state of
+    step `kill_at` is written and before its weights are."""
+    import models.runs
+
+    original = models.runs.save_tensors
+
+    def dying_save(path, tensors, meta=None):
+        if path.name == WEIGHTS and meta and meta["step"] == kill_at:
+            os._exit(9)
+        return original(path, tensors, meta)
+
+    models.runs.save_tensors = dying_save
+    return main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT])
+
+
 def test_a_kill_between_the_two_checkpoint_files_resumes_to_the_uninterrupted_weights(tmp_path):
     """Killed after train_state is written and before model.safetensors, at the last step: the
     weights file is the previous checkpoint's. Resume notices and restores it. Both runs train
-    in a subprocess of one thread count, so their floating-point sums agree bit for bit."""
-    def train_in_subprocess(out: Path, kill_at: str) -> int:
-        script = textwrap.dedent(f"""
-            import os, sys
-            sys.path.insert(0, {str(REPO)!r})
-            import torch
-            torch.set_num_threads(1)
-            import models.runs
-            from analyses.cli import main
-            original = models.runs.save_tensors
-            def dying_save(path, tensors, meta=None):
-                if path.name == {WEIGHTS!r} and meta and meta["step"] == {kill_at!r}:
-                    os._exit(9)  # after the train state of this step, before its weights
-                return original(path, tensors, meta)
-            models.runs.save_tensors = dying_save
-            sys.exit(main(["train", "--preset", "composite-cpu", "--out", {str(out)!r}, *{SHORT!r}]))
-        """)
-        return subprocess.run([sys.executable, "-c", script], timeout=300).returncode
-
-    assert train_in_subprocess(tmp_path / "whole", kill_at="never") == 0
+    in a process of their own with one thread, so their floating-point sums agree bit for bit."""
+    assert start(train_dying_at, tmp_path / "whole", "never").wait(timeout=300) == 0
     out = tmp_path / "killed"
-    assert train_in_subprocess(out, kill_at="40") == 9
+    assert start(train_dying_at, out, "40").wait(timeout=300) == 9
     assert not same_weights(out, tmp_path / "whole")  # the stale weights of step 20
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from analyses.cli import main
 from models.runs import WEIGHTS, read_config, run_state
+from tests.processes import start_cli
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=16",
@@ -57,9 +58,7 @@ def test_a_killed_sweep_rerun_trains_only_the_missing_cells(tmp_path):
     out = tmp_path / "sweep"
     args = ["sweep", "--preset", "composite-cpu", "--grid", "train.seed=0,1,2,3,4,5", "--out", str(out),
             "--workers", "1", *SMALL]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "analyses.cli", *args], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = start_cli(*args, cwd=REPO)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         index = out / "cells.json"
@@ -68,7 +67,7 @@ def test_a_killed_sweep_rerun_trains_only_the_missing_cells(tmp_path):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert proc.returncode == -signal.SIGKILL, proc.stderr()[-2000:]
     before = _finished(out)
     assert 2 <= len(before) < 6  # killed halfway: some cells finished, some not
     assert not (out / "sweep.json").exists()
@@ -86,13 +85,11 @@ def test_a_cell_killed_after_its_checkpoint_resumes_from_it_and_diverged_cells_a
     cell (its metrics before the checkpoint keep their recorded times) and ends with the weights
     of an uninterrupted run; a diverged cell is left as it is, files untouched."""
     out = tmp_path / "sweep"
-    longer = [*SMALL, "--set", "train.steps=400", "--set", "train.eval_every=8", "--set", "train.grad_clip=null",
+    longer = [*SMALL, "--set", "train.steps=160", "--set", "train.eval_every=8", "--set", "train.grad_clip=null",
               "--set", "train.warmup_steps=0"]
     args = ["sweep", "--preset", "composite-cpu", "--grid", "train.lr=1e30,0.001", "--out", str(out), "--workers", "1",
             *longer]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "analyses.cli", *args], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = start_cli(*args, cwd=REPO)
     cell = out / "lr=0.001"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
@@ -103,7 +100,7 @@ def test_a_cell_killed_after_its_checkpoint_resumes_from_it_and_diverged_cells_a
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert proc.returncode == -signal.SIGKILL, proc.stderr()[-2000:]
     assert run_state(cell, read_config(cell)) == "partial"
     diverged = out / "lr=1e+30"
     assert run_state(diverged, read_config(diverged)) == "diverged"

@@ -175,12 +175,10 @@ def test_a_second_sweep_on_a_folder_in_use_exits_2_and_changes_nothing(tmp_path,
 
     out = tmp_path / "sweep"
     with run_lock(out):  # what a running sweep holds, in this process's place (a lock of another pid)
-        import subprocess
-        import sys
+        from tests.processes import start_cli
 
-        repo = Path(__file__).resolve().parents[2]
-        proc = subprocess.run([sys.executable, "-m", "analyses.cli", *sweep_args(out)], cwd=repo, capture_output=True,
-                              text=True, timeout=120, env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 2, proc.stderr
-    assert "being written by another process" in proc.stderr and "Traceback" not in proc.stderr
+        proc = start_cli(*sweep_args(out), cwd=Path(__file__).resolve().parents[2])
+        code, err = proc.wait(timeout=120), proc.stderr()
+    assert code == 2, err
+    assert "being written by another process" in err and "Traceback" not in err
     assert sorted(p.name for p in out.iterdir()) == []  # nothing written beside the lock, which is gone again

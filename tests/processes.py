@@ -1,0 +1,87 @@
+"""A workbench command in a process of its own, for the tests that kill one, race two or hold a
+lock against one: forked from multiprocessing's fork server, which imports torch and the workbench
+once per test worker, instead of a fresh `python -m analyses.cli` that imports torch and
+TransformerLens anew (seconds each time). The process is a real one: its own pid, locks and exit
+status, killable with any signal. The command-line entry point itself is run as a fresh process
+by tests/smoke/test_every_command.py."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# what the fork server imports before its first fork (the sweep's pools share the server and add nothing)
+PRELOAD = ["torch", "models.train", "analyses.cli"]
+
+
+class Command:
+    """A started process with the part of `subprocess.Popen` the tests use: `pid`, `poll`, `wait`,
+    `send_signal`, `returncode` (negative: killed by that signal) and what it wrote to stderr."""
+
+    def __init__(self, process: multiprocessing.Process, stderr: Path):
+        self.process, self._stderr = process, stderr
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise TimeoutError(f"pid {self.pid} still running after {timeout} s")
+        return self.process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def stderr(self) -> str:
+        return self._stderr.read_text(errors="replace")
+
+
+def start(target: Callable[..., int | None], *args: Any, cwd: Path | str = ".") -> Command:
+    """Run `target(*args)` (a module-level function; its return value is the exit status) in a
+    process forked from the fork server, with one torch thread, in `cwd`; stdout is discarded,
+    stderr kept for `Command.stderr`."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    handle, stderr = tempfile.mkstemp(prefix="command-", suffix=".stderr")
+    os.close(handle)
+    process = context.Process(target=_child, args=(target, args, str(Path(cwd).resolve()), stderr))
+    process.start()
+    return Command(process, Path(stderr))
+
+
+def start_cli(*args: str, cwd: Path | str = ".") -> Command:
+    """`workbench ARGS` in a forked process (see `start`)."""
+    return start(cli, *args, cwd=cwd)
+
+
+def cli(*args: str) -> int:
+    from analyses.cli import main
+
+    return main(list(args))
+
+
+def _child(target: Callable[..., int | None], args: tuple, cwd: str, stderr: str) -> None:
+    import torch
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    errors = os.open(stderr, os.O_WRONLY | os.O_TRUNC)
+    os.dup2(devnull, 1)
+    os.dup2(errors, 2)
+    os.chdir(cwd)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    sys.exit(target(*args))
