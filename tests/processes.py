@@ -21,10 +21,11 @@ PRELOAD = ["torch", "models.train", "analyses.cli"]
 
 class Command:
     """A started process with the part of `subprocess.Popen` the tests use: `pid`, `poll`, `wait`,
-    `send_signal`, `returncode` (negative: killed by that signal) and what it wrote to stderr."""
+    `send_signal`, `returncode` (negative: killed by that signal), and what it wrote to stdout and
+    stderr (read once it has ended)."""
 
-    def __init__(self, process: multiprocessing.Process, stderr: Path):
-        self.process, self._stderr = process, stderr
+    def __init__(self, process: multiprocessing.Process, output: Path):
+        self.process, self._output = process, output
 
     @property
     def pid(self) -> int:
@@ -46,21 +47,27 @@ class Command:
     def send_signal(self, signum: int) -> None:
         os.kill(self.pid, signum)
 
+    def stdout(self) -> str:
+        return self._read(".stdout")
+
     def stderr(self) -> str:
-        return self._stderr.read_text(errors="replace")
+        return self._read(".stderr")
+
+    def _read(self, suffix: str) -> str:
+        path = self._output.with_suffix(suffix)
+        return path.read_text(errors="replace") if path.exists() else f"(the process wrote no {path.name})"
 
 
 def start(target: Callable[..., int | None], *args: Any, cwd: Path | str = ".") -> Command:
     """Run `target(*args)` (a module-level function; its return value is the exit status) in a
-    process forked from the fork server, with one torch thread, in `cwd`; stdout is discarded,
-    stderr kept for `Command.stderr`."""
+    process forked from the fork server, with one torch thread, in `cwd`; its stdout and stderr
+    go to files that `Command.stdout` and `Command.stderr` read."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    handle, stderr = tempfile.mkstemp(prefix="command-", suffix=".stderr")
-    os.close(handle)
-    process = context.Process(target=_child, args=(target, args, str(Path(cwd).resolve()), stderr))
+    output = Path(tempfile.mkdtemp(prefix="command-")) / "output"
+    process = context.Process(target=_child, args=(target, args, str(Path(cwd).resolve()), str(output)))
     process.start()
-    return Command(process, Path(stderr))
+    return Command(process, output)
 
 
 def start_cli(*args: str, cwd: Path | str = ".") -> Command:
@@ -74,13 +81,11 @@ def cli(*args: str) -> int:
     return main(list(args))
 
 
-def _child(target: Callable[..., int | None], args: tuple, cwd: str, stderr: str) -> None:
+def _child(target: Callable[..., int | None], args: tuple, cwd: str, output: str) -> None:
     import torch
 
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    errors = os.open(stderr, os.O_WRONLY | os.O_TRUNC)
-    os.dup2(devnull, 1)
-    os.dup2(errors, 2)
+    for fd, suffix in ((1, ".stdout"), (2, ".stderr")):
+        os.dup2(os.open(output + suffix, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     os.chdir(cwd)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)

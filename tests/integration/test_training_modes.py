@@ -3,8 +3,6 @@ under compile to the same function as eager, resume still ends where an uninterr
 and bf16 is refused where the CPU has no bf16 kernels."""
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from models.device import bf16_supported
 from models.train import Trainer
 from tasks import ConfigError
 from tests.helpers import kill_then_resume, tiny_lego_run
+from tests.processes import start
 
 needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
                                     reason="torch.compile on CPU needs a C++ compiler (g++)")
@@ -28,10 +27,11 @@ VARIANTS = {
 
 
 def _in_a_fresh_interpreter(script: str) -> str:
-    """`script`'s output, run without the runtime type checkers this suite installs (conftest.py):
-    dynamo mis-traces their wrappers; users run without them."""
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).parents[2]).stdout
+    """`script`'s output, run in a process without the runtime type checkers this suite installs
+    (conftest.py): dynamo mis-traces their wrappers; users run without them."""
+    command = start(exec, script, {}, cwd=Path(__file__).parents[2])
+    assert command.wait(timeout=600) == 0, command.stderr()[-3000:]
+    return command.stdout()
 
 
 STEP_SCRIPT = """
