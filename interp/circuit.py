@@ -258,8 +258,16 @@ def edge_faithfulness(
     """Faithfulness of `nodes` with only each set of edges kept among them (module doc): every
     other head ablated, and every edge between kept heads that is not in the set ablated."""
     check_path_patchable(model)
+    return _edge_values(model, clean_tokens, metric, nodes, kept,
+                        _stand_ins(model, clean_tokens, corrupted_tokens, metric, ablation))
+
+
+def _edge_values(model: HookedTransformer, clean_tokens: Tensor, metric: Metric, nodes: set[tuple[int, int]],
+                 kept: list[set[Edge]], stand_ins: tuple[float, float, dict[str, Tensor]]) -> list[float]:
+    """`edge_faithfulness` against given baselines and stand-ins (`_stand_ins`: one forward of
+    the clean and corrupted batch, which a caller measuring many edge sets in turn makes once)."""
     n_heads = model.cfg.n_heads
-    clean_metric, corrupted_metric, stand_in = _stand_ins(model, clean_tokens, corrupted_tokens, metric, ablation)
+    clean_metric, corrupted_metric, stand_in = stand_ins
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     out = []
     with per_head_inputs(model, split_qkv=True):
@@ -306,14 +314,19 @@ def prune_edges(
     """Drop edges among `nodes`, weakest |path effect| (`strength`, by edge name) first, while the
     faithfulness stays >= `target`, and under each other ablation of `also` (ablation -> its
     target) >= that target too; return the edges left and their faithfulness under `ablation`."""
+    check_path_patchable(model)
+    stand_ins = {name: _stand_ins(model, clean_tokens, corrupted_tokens, metric, name)
+                 for name in {ablation, *(also or {})}}
+
+    def faithfulness(edges: set[Edge], name: str = ablation) -> float:
+        return _edge_values(model, clean_tokens, metric, nodes, [edges], stand_ins[name])[0]
+
     edges = set(candidate_edges(nodes))
-    [current] = edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges], ablation)
+    current = faithfulness(edges)
     for edge in sorted(edges, key=lambda e: (abs(strength.get(edge_name(e), 0.0)), edge_name(e))):
-        [without] = edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges - {edge}], ablation)
-        if without >= target and all(
-                edge_faithfulness(model, clean_tokens, corrupted_tokens, metric, nodes, [edges - {edge}],
-                                  other)[0] >= goal
-                for other, goal in (also or {}).items()):
+        without = faithfulness(edges - {edge})
+        if without >= target and all(faithfulness(edges - {edge}, other) >= goal
+                                     for other, goal in (also or {}).items()):
             edges, current = edges - {edge}, without
     return edges, current
 

@@ -253,11 +253,11 @@ def test_pruning_tries_edges_weakest_path_effect_first_and_keeps_those_it_cannot
     needed = ((1, 0), (2, 1, "v"))
     measured = []
 
-    def faithfulness(model, clean, corrupted, metric, nodes, kept, ablation="resample"):  # 1 while `needed` is kept
+    def faithfulness(model, clean, metric, nodes, kept, stand_ins):  # 1 while `needed` is kept
         measured.append(set(kept[0]))
         return [1.0 if needed in kept[0] else 0.0]
 
-    monkeypatch.setattr(circuit_module, "edge_faithfulness", faithfulness)
+    monkeypatch.setattr(circuit_module, "_edge_values", faithfulness)
     kept, value = circuit_module.prune_edges(model, clean, corrupted, metric, nodes, strength, 0.9)
     assert kept == {needed} and value == 1.0
     current, tried = measured[0], []  # the first measurement is of every edge; then one removal per call
