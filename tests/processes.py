@@ -15,8 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# what the fork server imports before its first fork (the sweep's pools share the server and add nothing)
-PRELOAD = ["torch", "models.train", "analyses.cli"]
+from analyses.runners.sweep import WORKER_IMPORTS
+
+# what the fork server imports before its first fork: a sweep's workers' imports and the command line. The
+# server is shared with the sweeps' pools, so whichever starts it first sets what it holds (a child imports the rest)
+PRELOAD = [*WORKER_IMPORTS, "analyses.cli"]
 
 
 class Command:

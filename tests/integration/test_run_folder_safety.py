@@ -19,7 +19,7 @@ from analyses.cli import main
 from models.runs import LOCK, METRICS, TRAIN_STATE, WEIGHTS, read_metrics, run_lock
 from models.train import Trainer
 from tests.helpers import folder_bytes, tiny_composite_run
-from tests.processes import Command, start, start_cli
+from tests.processes import start, start_cli
 
 SHORT = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=40",
          "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20", "--set", "train.eval_size=200",
@@ -32,10 +32,6 @@ def same_weights(a: Path, b: Path) -> bool:
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
-def workbench(*args: str, cwd: Path) -> Command:
-    return start_cli(*args, cwd=cwd)
-
-
 def two_writers(tmp_path: Path, rounds: int) -> None:
     """Two trainings of different configs into one folder, started together: exactly one trains,
     the other exits 2, and the folder is the winner's run alone."""
@@ -44,7 +40,7 @@ def two_writers(tmp_path: Path, rounds: int) -> None:
         assert main(["train", "--preset", "composite-cpu", "--out", str(tmp_path / f"ref-{name}"), *SHORT, *extra]) == 0
     for round_ in range(rounds):
         out = tmp_path / f"race{round_}"
-        procs = {name: workbench("train", "--preset", "composite-cpu", "--out", str(out), *SHORT, *extra, cwd=tmp_path)
+        procs = {name: start_cli("train", "--preset", "composite-cpu", "--out", str(out), *SHORT, *extra, cwd=tmp_path)
                  for name, extra in configs.items()}
         codes = {name: proc.wait(timeout=300) for name, proc in procs.items()}
         errors = {name: proc.stderr() for name, proc in procs.items()}
@@ -75,7 +71,7 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
     out = tmp_path / "run"
     with run_lock(out):
         assert (out / LOCK).read_text() == str(os.getpid())
-        other = workbench("train", "--preset", "composite-cpu", "--out", str(out), *SHORT, cwd=tmp_path)
+        other = start_cli("train", "--preset", "composite-cpu", "--out", str(out), *SHORT, cwd=tmp_path)
         assert other.wait(timeout=120) == 2
         assert f"pid {os.getpid()}" in other.stderr()
         assert sorted(p.name for p in out.iterdir()) == [LOCK]  # the refused writer wrote nothing
