@@ -135,8 +135,13 @@ def _pool_round(jobs: dict[str, tuple[dict, str]], workers: int, record: Callabl
                                initializer=die_with, initargs=(os.getpid(),))
     try:
         with _stop_signals_raise():
-            futures = {pool.submit(call_with_threads, cell_fn, threads, name,
-                                   *job): name for name, job in jobs.items()}
+            futures: dict[Any, str] = {}
+            for name, job in jobs.items():
+                try:
+                    futures[pool.submit(call_with_threads, cell_fn, threads, name, *job)] = name
+                except BrokenProcessPool:  # a worker died before every cell was handed out: the rest are lost too
+                    lost += [n for n in jobs if n not in futures.values()]
+                    break
             pending = set(futures)
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)

@@ -78,6 +78,28 @@ def test_a_worker_process_that_dies_fails_only_its_own_cell(tmp_path):
     assert all(r.final["pid"] != os.getpid() for r in recorded if r.status == "done")  # trained in workers
 
 
+def test_a_pool_broken_while_cells_are_still_handed_out_retries_those_not_handed_out(tmp_path, monkeypatch):
+    """A worker may die before the last cell is submitted (workers forked from a preloaded server
+    start at once): the submit raises, and the cells not yet handed out are retried, not lost."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    submit, calls = ProcessPoolExecutor.submit, []
+
+    def breaks_at_the_third(self, *args, **kwargs):
+        calls.append(args[3])  # the cell's name
+        if len(calls) == 3:
+            raise BrokenProcessPool("a worker died")
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", breaks_at_the_third)
+    jobs = {name: (tiny_composite_run(seed=i).to_dict(), str(tmp_path / name)) for i, name in enumerate("acde")}
+    recorded = []
+    _run_pool(jobs, 2, recorded.append, cell_fn=dies_on_cell_b)  # no cell "b": none dies
+    assert sorted((r.name, r.status) for r in recorded) == [(n, "done") for n in "acde"]
+    assert calls == ["a", "c", "d", "d", "e"]  # d and e, not handed out, each retried in a pool of its own
+
+
 def writes_its_pid_and_sleeps(name: str, cfg_dict: dict, run_dir: str) -> CellResult:
     """Stands in for a long cell: says which process runs it, then trains for a minute."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
