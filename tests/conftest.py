@@ -1,30 +1,38 @@
 """Shared fixtures. jaxtyping annotations of the workbench are checked at runtime by beartype in
-the tests (tests/typecheck.py; the import hook must run before the packages are imported)."""
+the tests (tests/typecheck.py; the import hook must run before the packages are imported, so it
+runs when pytest is configured, before any test module is collected)."""
 
-from tests.typecheck import typechecked_imports
+import pytest
 
-with typechecked_imports():
-    import interp.analysis  # noqa: F401
-    import interp.attention  # noqa: F401
-    import interp.patching  # noqa: F401
-    import interp.probes  # noqa: F401
-    import interp.report  # noqa: F401
-    import interp.tasks  # noqa: F401 (every task's analysis: verdicts, probe maps)
-    import models.factory  # noqa: F401
-    import models.train  # noqa: F401
-    import tasks  # noqa: F401
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+def pytest_configure(config):
+    """Import the workbench's packages through the type-checking hook, in every process that runs
+    tests. Not in pytest-xdist's controller (`-n N`): it only hands test files to its workers, so
+    the imports (15-20 s of importing and instrumenting) would delay every worker's start."""
+    if config.getoption("numprocesses", default=None) and not hasattr(config, "workerinput"):
+        return
+    from tests.typecheck import typechecked_imports
 
-from tasks import seeded_generator  # noqa: E402
+    with typechecked_imports():
+        import interp.analysis  # noqa: F401
+        import interp.attention  # noqa: F401
+        import interp.patching  # noqa: F401
+        import interp.probes  # noqa: F401
+        import interp.report  # noqa: F401
+        import interp.tasks  # noqa: F401 (every task's analysis: verdicts, probe maps)
+        import models.factory  # noqa: F401
+        import models.train  # noqa: F401
+        import tasks  # noqa: F401
+    import torch
 
-# test models are tiny: one thread is faster than two, and immune to a busy second core
-torch.set_num_threads(1)
+    # test models are tiny: one thread is faster than two, and immune to a busy second core
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests run only where CUDA is; elsewhere they are reported as skipped, with why."""
+    import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="gpu test: no CUDA device on this machine (torch.cuda.is_available() is False)")
@@ -35,6 +43,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def gen():
+    from tasks import seeded_generator
+
     return seeded_generator(1234)
 
 

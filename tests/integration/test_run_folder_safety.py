@@ -22,8 +22,8 @@ from tests.helpers import folder_bytes, tiny_composite_run
 from tests.processes import start, start_cli
 
 SHORT = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=40",
-         "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20", "--set", "train.eval_size=200",
-         "--no-progress"]
+         "--set", "train.batch_size=16", "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20",
+         "--set", "train.eval_size=200", "--no-progress"]
 REPO = Path(__file__).resolve().parents[2]
 
 
