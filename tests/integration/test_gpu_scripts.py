@@ -1,15 +1,17 @@
 """analyses/gpu/composite_paper.sh, run on the CPU with a tiny schedule: it trains each cell into
 its own run folder with the paper preset's settings, and a second call resumes instead of
-starting again."""
+starting again. The scripts' interpreter (their PYTHON) is tests/processes.py's stand-in, which
+runs each `python -m analyses.cli ...` forked from the fork server rather than importing torch anew."""
 
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import forked_python
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ("--set train.steps=4 --set train.eval_every=2 --set train.eval_size=64 --set train.n_train=500 "
@@ -17,7 +19,14 @@ TINY = ("--set train.steps=4 --set train.eval_every=2 --set train.eval_size=64 -
         "--set model.d_model=32 --set model.d_head=16 --set model.d_mlp=64 --set train.checkpoint_every=2")
 
 
-def _run(out: Path, python: str = sys.executable) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def python(tmp_path_factory) -> str:
+    """The scripts' PYTHON: `python -m analyses.cli` forked from the fork server (tests/processes.py)."""
+    with forked_python(tmp_path_factory.mktemp("python")) as stand_in:
+        yield str(stand_in)
+
+
+def _run(out: Path, python: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": python, "DEVICE": "cpu", "CELLS": "0.8:1e-4", "EXTRA": TINY,
            "PYTHONPATH": str(ROOT)}
     return subprocess.run(["bash", str(ROOT / "analyses/gpu/composite_paper.sh"), str(out)], env=env, cwd=ROOT,
@@ -25,13 +34,13 @@ def _run(out: Path, python: str = sys.executable) -> subprocess.CompletedProcess
 
 
 @pytest.fixture(scope="module")
-def paper_cell(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+def paper_cell(tmp_path_factory, python) -> tuple[Path, subprocess.CompletedProcess]:
     """The script's first call, once for the module: its folder and what it printed."""
     out = tmp_path_factory.mktemp("paper")
-    return out, _run(out)
+    return out, _run(out, python)
 
 
-def test_composite_paper_script_trains_the_paper_preset_and_resumes(paper_cell):
+def test_composite_paper_script_trains_the_paper_preset_and_resumes(paper_cell, python):
     tmp_path, first = paper_cell
     assert first.returncode == 0, first.stderr
     run = tmp_path / "d2-g0.8-lr1e-4"
@@ -41,14 +50,14 @@ def test_composite_paper_script_trains_the_paper_preset_and_resumes(paper_cell):
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [2, 4]
     assert "'step': 4" in first.stdout
     metrics, weights_written = (run / "metrics.jsonl").read_text(), (run / "model.safetensors").stat().st_mtime_ns
-    again = _run(tmp_path)  # the finished run is resumed (nothing left to train), not started again
+    again = _run(tmp_path, python)  # the finished run is resumed (nothing left to train), not started again
     assert again.returncode == 0, again.stderr
     assert (run / "metrics.jsonl").read_text() == metrics  # a new run would have written new elapsed times
     assert (run / "model.safetensors").stat().st_mtime_ns == weights_written
     assert "error" not in (tmp_path / "d2-g0.8-lr1e-4.log").read_text().lower()  # resumed, not refused
 
 
-def test_a_resumed_run_that_dies_keeps_its_checkpoint(tmp_path, paper_cell):
+def test_a_resumed_run_that_dies_keeps_its_checkpoint(tmp_path, paper_cell, python):
     """A run with a checkpoint whose resume fails is left in place for the next call, not moved
     aside and trained again from step 0 (which would throw its steps away)."""
     trained, first = paper_cell
@@ -58,7 +67,7 @@ def test_a_resumed_run_that_dies_keeps_its_checkpoint(tmp_path, paper_cell):
     run = tmp_path / "d2-g0.8-lr1e-4"
     metrics = (run / "metrics.jsonl").read_text()
     failing = tmp_path / "python-that-cannot-resume"
-    failing.write_text(f'#!/bin/bash\nfor a in "$@"; do [ "$a" = --resume ] && exit 1; done\nexec {sys.executable} '
+    failing.write_text(f'#!/bin/bash\nfor a in "$@"; do [ "$a" = --resume ] && exit 1; done\nexec {python} '
                        '"$@"\n')
     failing.chmod(0o755)
     again = _run(tmp_path, str(failing))
@@ -67,12 +76,12 @@ def test_a_resumed_run_that_dies_keeps_its_checkpoint(tmp_path, paper_cell):
     assert not list(tmp_path.glob("*.failed*"))
 
 
-def test_lego8_script_trains_each_curriculum_with_eight_layers_and_resumes(tmp_path):
+def test_lego8_script_trains_each_curriculum_with_eight_layers_and_resumes(tmp_path, python):
     """analyses/gpu/lego8.sh on the CPU with a tiny schedule: BERT and ALBERT-SD curricula side by side,
     each stage with 8 layers, its seed and (ALBERT-SD) stochastic depth; a second call resumes."""
     tiny = ("train.steps=2 train.eval_every=2 train.eval_size=32 train.batch_size=16 train.checkpoint_every=2 "
             "train.compile=false model.d_model=16")
-    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "EXTRA": tiny, "ANALYZE": "0",
+    env = {**os.environ, "PYTHON": python, "DEVICE": "cpu", "EXTRA": tiny, "ANALYZE": "0",
            "PYTHONPATH": str(ROOT), "RUNS": "bert-s1:lego-three-hops:1:- albertsd-s0:lego-three-hops-albert:0:4"}
 
     def run() -> subprocess.CompletedProcess:
@@ -96,12 +105,12 @@ def test_lego8_script_trains_each_curriculum_with_eight_layers_and_resumes(tmp_p
 
 
 @pytest.mark.slow  # 45 s; the curricula's configs are checked fast in test_curriculum.py
-def test_lego12_script_adds_the_papers_n12_stage_with_twelve_layers(tmp_path):
+def test_lego12_script_adds_the_papers_n12_stage_with_twelve_layers(tmp_path, python):
     """analyses/gpu/lego12.sh: lego8.sh's stages with 12 layers, then #0-#5 of n = 12 (the paper's
     task) from the third stage's weights; tied layers for ALBERT."""
     tiny = ("train.steps=2 train.eval_every=2 train.eval_size=32 train.batch_size=16 train.checkpoint_every=2 "
             "train.compile=false model.d_model=16")
-    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "EXTRA": tiny, "ANALYZE": "0",
+    env = {**os.environ, "PYTHON": python, "DEVICE": "cpu", "EXTRA": tiny, "ANALYZE": "0",
            "PYTHONPATH": str(ROOT), "RUNS": "albert-s1:lego-n12-albert:1:-"}
     done = subprocess.run(["bash", str(ROOT / "analyses/gpu/lego12.sh"), str(tmp_path)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
@@ -116,8 +125,8 @@ def test_lego12_script_adds_the_papers_n12_stage_with_twelve_layers(tmp_path):
     assert last["train"]["init_from"].endswith("3-three-hops-n8")
 
 
-def test_lego8_script_fails_when_a_run_fails(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "ANALYZE": "0", "PYTHONPATH": str(ROOT),
+def test_lego8_script_fails_when_a_run_fails(tmp_path, python):
+    env = {**os.environ, "PYTHON": python, "DEVICE": "cpu", "ANALYZE": "0", "PYTHONPATH": str(ROOT),
            "RUNS": "typo:lego-three-hopz:0:-"}
     done = subprocess.run(["bash", str(ROOT / "analyses/gpu/lego8.sh"), str(tmp_path)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
@@ -127,14 +136,14 @@ def test_lego8_script_fails_when_a_run_fails(tmp_path):
 
 
 @pytest.mark.slow
-def test_timelines_script_trains_every_run_with_snapshots_and_writes_each_timeline(tmp_path):
+def test_timelines_script_trains_every_run_with_snapshots_and_writes_each_timeline(tmp_path, python):
     """analyses/gpu/timelines.sh on the CPU with tiny models (about 5 minutes on 2 cores): every
     run it trains ends with snapshots and a timeline.json (the paper-scale run too, from its last
     checkpoint), the LEGO curricula's first two stages included."""
     extra = ("--set model.d_model=32 --set model.d_head=16 --set model.d_mlp=64 --set train.steps=12 "
              "--set train.eval_every=6 --set train.checkpoint_every=6 --set train.eval_size=400 "
              "--set train.batch_size=16 --set train.n_train=64 --set train.warmup_steps=2 --set train.compile=false")
-    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "EXTRA": extra, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHON": python, "DEVICE": "cpu", "EXTRA": extra, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(["bash", str(ROOT / "analyses/gpu/timelines.sh"), str(tmp_path), "500", "150"], env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -147,12 +156,12 @@ def test_timelines_script_trains_every_run_with_snapshots_and_writes_each_timeli
 
 
 @pytest.mark.slow  # six processes that each import torch: minutes on 2 loaded cores
-def test_templates_width_script_trains_each_width_and_resumes(tmp_path):
+def test_templates_width_script_trains_each_width_and_resumes(tmp_path, python):
     """analyses/gpu/templates_width.sh on the CPU with a tiny schedule: one sweep per width, plain and
     augmented cells of each n and seed at that width, the table printed; a second call trains nothing
     again (every cell is finished)."""
     tiny = "train.steps=4 train.eval_every=2 train.eval_size=64 train.checkpoint_every=2 train.plateau_min_steps=4"
-    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "WIDTHS": "16 32", "SEEDS": "0", "NS": "4",
+    env = {**os.environ, "PYTHON": python, "DEVICE": "cpu", "WIDTHS": "16 32", "SEEDS": "0", "NS": "4",
            "EXTRA": tiny, "PYTHONPATH": str(ROOT)}
 
     def run() -> subprocess.CompletedProcess:
@@ -171,3 +180,16 @@ def test_templates_width_script_trains_each_width_and_resumes(tmp_path):
     assert {(r["d_model"], r["n"]) for r in rows if "n" in r and "d_model" in r} == {(16, 4), (32, 4)}
     metrics = (tmp_path / "d32" / cells[0] / "metrics.jsonl").read_text()
     assert run().returncode == 0 and (tmp_path / "d32" / cells[0] / "metrics.jsonl").read_text() == metrics
+
+
+def test_the_scripts_stand_in_interpreter_runs_the_command_line_as_a_fresh_one_would(python, tmp_path):
+    """tests/processes.py's `forked_python`: the command's output reaches the caller's stdout and
+    stderr, its exit status is the caller's, and anything but `-m analyses.cli` is the real interpreter."""
+    listed = subprocess.run([python, "-m", "analyses.cli", "presets"], capture_output=True, text=True, cwd=tmp_path)
+    assert listed.returncode == 0 and "composite-cpu" in listed.stdout
+    refused = subprocess.run([python, "-m", "analyses.cli", "train", "--preset", "no-such-preset", "--out", "run"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert refused.returncode == 2 and "no-such-preset" in refused.stderr and refused.stdout == ""
+    plain = subprocess.run([python, "-c", "import os, sys; print(sys.flags.no_site, os.getcwd())"], capture_output=True,
+                           text=True, cwd=tmp_path)
+    assert plain.stdout.split() == ["0", str(tmp_path)]
