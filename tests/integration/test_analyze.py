@@ -6,6 +6,7 @@ import math
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,29 +20,39 @@ from tests.integration.test_cli import TINY
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory):
     """`analysed(task, into)`: a copy at `into` of one tiny run of the task, trained and analysed
-    (`--samples 64`) once for this file, and what `workbench analyze` printed for it."""
+    (`--samples 64`) once for this file, what `workbench analyze` printed for it, and the typed
+    analysis `analyze_run` handed the command before it was written."""
     import contextlib
     import io
 
-    made: dict[str, tuple[Path, str]] = {}
+    import interp.analysis
 
-    def copy(task: str, into: Path) -> tuple[Path, str]:
+    made: dict[str, tuple[Path, str, Any]] = {}
+
+    def copy(task: str, into: Path) -> tuple[Path, str, Any]:
         if task not in made:
             out = tmp_path_factory.mktemp("analysed") / task
             assert main(["train", "--task", task, "--out", str(out), *TINY]) == 0
-            printed = io.StringIO()
-            with contextlib.redirect_stdout(printed):
+            printed, kept = io.StringIO(), []
+            measure = interp.analysis.analyze_run
+
+            def keeping(*args, **kwargs):
+                kept.append(measure(*args, **kwargs))
+                return kept[-1]
+
+            with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+                patch.setattr(interp.analysis, "analyze_run", keeping)
                 assert main(["analyze", str(out), "--samples", "64"]) == 0
-            made[task] = (out, printed.getvalue())
+            made[task] = (out, printed.getvalue(), kept[0])
         shutil.copytree(made[task][0], into)
-        return into, made[task][1]
+        return into, *made[task][1:]
 
     return copy
 
 
 @pytest.mark.parametrize("task", ["lego", "composite", "templates"])
 def test_analyze_writes_analysis_json_and_a_full_report(tmp_path, task, analysed):
-    out, printed = analysed(task, tmp_path / task)
+    out, printed, _ = analysed(task, tmp_path / task)
     analysis = json.loads((out / "analysis.json").read_text())
     assert set(analysis) >= {"task", "heads", "patching", "probes", "verdict"} and analysis["task"] == task
     assert len(analysis["heads"]["labels"]) == 2  # layers
@@ -184,7 +195,7 @@ def _poison(value):
 def test_every_string_read_from_analysis_json_is_escaped_in_the_report(tmp_path, task, analysed):
     """Browser-free: a payload in every string field of analysis.json and in the run's name
     reaches the page as text (&lt;img ...), never as markup."""
-    out, _ = analysed(task, tmp_path / f"{HOSTILE.replace('/', '')}-{task}")
+    out, _, _ = analysed(task, tmp_path / f"{HOSTILE.replace('/', '')}-{task}")
     analysis = json.loads((out / "analysis.json").read_text())
     poisoned = {**_poison(analysis), "task": task}  # the task name picks the registry entry
     poisoned["patching"]["n_pairs"] = HOSTILE
@@ -215,7 +226,7 @@ def _without_wall_times(value):
 
 
 def test_analyze_runs_on_the_cpu_by_default_and_device_cpu_writes_the_same_analysis(tmp_path, capsys, analysed):
-    out, printed = analysed("lego", tmp_path / "run")  # analysed without --device
+    out, printed, _ = analysed("composite", tmp_path / "run")  # analysed without --device
     assert printed.rstrip().endswith("on cpu")
     by_default = _without_wall_times(json.loads((out / "analysis.json").read_text())) | {"run": None}  # its folder
     assert main(["analyze", str(out), "--samples", "64", "--device", "cpu"]) == 0
@@ -244,7 +255,7 @@ def _key_tree(value):
 
 
 @pytest.mark.parametrize("task", ["lego", "composite", "templates"])
-def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, task):
+def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, task, analysed):
     """`analyze_run` hands back the objects that measured (head scores, patch results, the
     circuit, the probe map, the task's verdict), not JSON dicts. Written, it has the key tree of
     an analysis.json made by the dict-based code (9f7496e, tests/data/) of the same tiny run, but
@@ -254,7 +265,7 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     falls back to 0.38 at 7 of the 8 heads, so it keeps all 8 where "first" kept 2, and edges
     among them where 9f7496e's circuit needed none (its empty list gives no item shape: the
     (sender, receiver, value) triples are pinned by the composite file)."""
-    from interp.analysis import analyze_run, write_analysis
+    from interp.analysis import write_analysis
     from interp.analysis_file import SCHEMA, read_analysis
     from interp.attention import HEAD_KINDS, HeadScores
     from interp.circuit import Circuit
@@ -266,10 +277,8 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
     from interp.tasks.templates import TemplatesVerdict
     from models.runs import load_run
 
-    out = tmp_path / task
-    assert main(["train", "--task", task, "--out", str(out), *TINY]) == 0
+    out, _, analysis = analysed(task, tmp_path / task)  # the CLI's analyze_run(run, n_samples=64, seed=0)
     run = load_run(out)
-    analysis = analyze_run(run, n_samples=64)
     assert isinstance(analysis.heads, HeadScores) and isinstance(analysis.patching.circuit, Circuit)
     assert isinstance(analysis.patching.residual, PatchResult) and analysis.patching.heads.method == "exact"
     assert set(analysis.patching.estimates) == {"atp", "graddrop", "ig4"}
