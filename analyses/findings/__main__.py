@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from analyses.findings.figures import ROOT, draw_all
+from analyses.findings.figures import FIGURES, ROOT, draw_all
 from analyses.findings.page import PageError, render_page
 from models.safe_files import RunFolderError, read_regular
 
@@ -30,11 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page", type=Path, default=PAGE, help="the markdown page to render (default: %(default)s)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as drawn:  # kept only if the page renders: a refused page writes nothing
-        figures = draw_all(Path(drawn))
-        try:
+        try:  # the page is checked against empty stand-ins of its figures first: a refused one costs no drawing
             markdown = read_regular(args.page, PAGE_LIMIT).decode()
-            html = render_page(markdown, args.page.resolve().parent, {p.name: p for p in figures}, "Findings",
-                               page_folder=args.out)
+            render(markdown, args, _empty_figures(Path(drawn) / "stand-ins"))
+            figures = draw_all(Path(drawn) / "figures")
+            html = render(markdown, args, figures)
         except (PageError, RunFolderError, UnicodeDecodeError) as err:
             print(f"python -m analyses.findings: {args.page}: {err}", file=sys.stderr)
             return 2
@@ -46,6 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     for path in [*figures, page]:
         print(f"wrote {path} ({path.stat().st_size:,} bytes)")
     return 0
+
+
+def render(markdown: str, args: argparse.Namespace, figures: list[Path]) -> str:
+    return render_page(markdown, args.page.resolve().parent, {p.name: p for p in figures}, "Findings",
+                       page_folder=args.out)
+
+
+def _empty_figures(folder: Path) -> list[Path]:
+    folder.mkdir(parents=True)
+    for name in FIGURES:
+        (folder / name).touch()
+    return [folder / name for name in FIGURES]
 
 
 if __name__ == "__main__":
