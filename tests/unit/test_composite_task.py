@@ -127,8 +127,9 @@ def test_last_attention_patch_takes_the_donor_rows_at_the_last_position_of_the_n
             block.mlp.W_out.zero_()
             block.mlp.b_out.zero_()
         model.blocks[1].attn.W_O.zero_()
-        model.blocks[0].attn.W_Q.normal_()  # attention that depends on the tokens, not uniform
-        model.blocks[0].attn.W_K.normal_()
+        weights = torch.Generator().manual_seed(0)  # not the global generator: the tests before move it
+        model.blocks[0].attn.W_Q.normal_(generator=weights)  # attention that depends on the tokens, not uniform
+        model.blocks[0].attn.W_K.normal_(generator=weights)
     gen = torch.Generator().manual_seed(0)
     batch = task.sample(64, gen, split="test", pair_ids=_trained_pairs(task, 64, gen), key_pos=2)
     donor = task.build({**batch.latents, "pair": _trained_pairs(task, 64, gen)})
