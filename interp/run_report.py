@@ -25,13 +25,19 @@ def build_run_report(run: LoadedRun, n_examples: int = 2, seed: int = 12345,
                      analysis: RunAnalysis | None = None) -> Report:
     """Summary, configuration, curves, attention views; with `analysis` (or the run's
     analysis.json), also the verdict, head scores, patching and probes."""
+    from interp.timeline import read_timeline
+    from interp.timeline_html import timeline_html
+
     report = Report(f"interp-workbench run: {run.path.name}")
-    # analysis.json is read checked against every field the sections draw (interp.analysis_file)
+    # analysis.json and timeline.json are read checked against every field the sections draw
+    # (interp.analysis_file, interp.timeline), both before anything is drawn: a damaged one is refused at once
     written = analysis.to_dict() if analysis is not None else read_analysis(run.path)
+    timeline = read_timeline(run.path)
     report.add("Summary", _non_finite_html(run) + _summary_html(run) + _analysed_weights_html(run, written))
     if written:
         analysis_sections(report, written)
-    _timeline_section(report, run)
+    if timeline is not None:
+        report.add("Timeline: the solution through training", timeline_html(timeline, run.metrics))
     report.add("Training curves", _curves_html(run))
     labels = written["heads"]["labels"] if written else None  # read by analysis_sections above
     report.add("Attention patterns", _attention_html(report, run, n_examples, seed, labels))
@@ -47,16 +53,6 @@ def _non_finite_html(run: LoadedRun) -> str:
     if not weights:
         return ""
     return f"<p class='warning'><strong>{html.escape(non_finite_note([], weights)['statement'])}.</strong></p>"
-
-
-def _timeline_section(report: Report, run: LoadedRun) -> None:
-    """The timeline (`workbench analyze --timeline`), where the run has one."""
-    from interp.timeline import read_timeline
-    from interp.timeline_html import timeline_html
-
-    timeline = read_timeline(run.path)  # checked against every field the section draws
-    if timeline is not None:
-        report.add("Timeline: the solution through training", timeline_html(timeline, run.metrics))
 
 
 def _analysed_weights_html(run: LoadedRun, written: dict | None) -> str:
