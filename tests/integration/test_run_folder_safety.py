@@ -315,9 +315,11 @@ def test_a_train_state_that_contradicts_itself_is_exit_2_and_changes_nothing(tmp
     (json.dumps({"schema": 99, "run": "r", "task": "composite"}), "schema 99, newer than this workbench reads"),
 ], ids=["broken", "empty-object", "list", "string", "unknown-task", "heads-not-an-object", "heads-without-labels",
         "newer-schema"])
-def test_report_on_a_damaged_analysis_json_is_exit_2_naming_it(tmp_path, capsys, content, wrong):
+def test_report_on_a_damaged_analysis_json_is_exit_2_naming_it(tmp_path, capsys, composite_run, content, wrong):
+    import shutil
+
     out = tmp_path / "run"
-    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
+    shutil.copytree(composite_run, out)
     (out / "analysis.json").write_text(content)
     capsys.readouterr()
     before = folder_bytes(out)
@@ -360,11 +362,19 @@ def test_an_analysis_json_damaged_anywhere_the_report_reads_is_exit_2_naming_the
     _renders_then_is_refused(out / "analysis.json", analysis, damage_it, said, capsys)
 
 
+# the files whose undamaged data `workbench report` rendered in a copy of `composite_run` in this process
+_RENDERED: set[str] = set()
+
+
 def _renders_then_is_refused(path: Path, data: dict, damage, said: str, capsys) -> None:
     """`data` written to `path` renders (`workbench report`); damaged, it is exit 2 naming the
-    file and `said`, without a traceback, and the folder is left as it was."""
+    file and `said`, without a traceback, and the folder is left as it was. Each caller gives
+    every damage the same undamaged `data` (but for the folder it names) in a copy of the same
+    run, so it is rendered once per process and file (the first damage to run), not per damage."""
     path.write_text(json.dumps(data))
-    assert main(["report", str(path.parent)]) == 0
+    if path.name not in _RENDERED:
+        assert main(["report", str(path.parent)]) == 0
+        _RENDERED.add(path.name)
     damage(data)
     path.write_text(json.dumps(data))
     capsys.readouterr()
