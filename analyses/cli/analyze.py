@@ -49,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "timeline", False):
         _check_memory(args.run_dir, device, args.samples)
         return _analyze_timeline(args, device)
-    analysis, written = _analyze_one(args.run_dir, args, device)
+    analysis, written = _analyze_one(args.run_dir, args, device, report=getattr(args, "report", True))
     print(task_analysis(analysis.task).headline(analysis.verdict))
-    print(f"wrote {written[0]} and {written[1]} in {analysis.seconds:.0f} s on {device.type}")
+    print(f"wrote {' and '.join(map(str, written))} in {analysis.seconds:.0f} s on {device.type}")
     return 0
 
 
@@ -67,8 +67,9 @@ def _check_memory(run_dir: Path, device, n_samples: int) -> None:
         raise ConfigError(f"{run_dir / 'config.json'}: {err}") from None
 
 
-def _analyze_one(run_dir: Path, args: argparse.Namespace, device):
-    """One run analysed: analysis.json and report.html written; the analysis and the two paths."""
+def _analyze_one(run_dir: Path, args: argparse.Namespace, device, report: bool = True):
+    """One run analysed: analysis.json and (with `report`) report.html written; the analysis and
+    the paths written."""
     from interp.analysis import analyze_run, write_analysis
     from interp.run_report import write_run_report
     from models.runs import load_run, run_lock
@@ -79,7 +80,9 @@ def _analyze_one(run_dir: Path, args: argparse.Namespace, device):
         run = load_run(run_dir, device=device)
         analysis = analyze_run(run, n_samples=args.samples, seed=args.seed, device=device,
                                bootstrap=getattr(args, "bootstrap", 0))
-        written = write_analysis(run, analysis), write_run_report(run, analysis=analysis)
+        written = [write_analysis(run, analysis)]
+        if report:
+            written.append(write_run_report(run, analysis=analysis))
     return analysis, written
 
 

@@ -1,8 +1,9 @@
 """`workbench demo`: the quick start, every part of a report in minutes. Trains the quick-start
 preset (a task registers it: a learned model with snapshots) for DEMO_SETTINGS' shorter schedule
 into a new or empty folder, or over a run of its own; analyses it and its snapshots (`workbench
-analyze`, then `--timeline`), which writes its report; and, beside it, analyses the zoo's learned
-three-hop LEGO model (analyses/zoo.py)."""
+analyze`, then `--timeline`; a run that kept no snapshots has no timeline) and writes its report
+once, at the end; and, beside it, analyses the zoo's learned three-hop LEGO model
+(analyses/zoo.py)."""
 
 from __future__ import annotations
 
@@ -47,9 +48,13 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_bytes(args.out / DEMO, json.dumps({"config": cfg.to_dict()}, indent=1).encode())
         status = train_run(cfg, args.out, resume=False, progress=not args.no_progress)
     if status == 0:
-        for timeline in (False, True):  # the analysis (verdict, heads, circuit), then the solution through training
+        # the analysis (verdict, heads, circuit), then the solution through training (where snapshots were kept);
+        # the report is written once, by the last
+        timelines = [False, True] if cfg.train.snapshots not in (0, []) else [False]
+        for timeline in timelines:
+            last = timeline == timelines[-1]
             analyze(argparse.Namespace(run_dir=args.out, samples=512, seed=0, device="cpu", timeline=timeline,
-                                       no_progress=args.no_progress))
+                                       report=last, no_progress=args.no_progress))
         learned = None if args.no_learned else demo_learned(args.out, analyze=analyze)
         print(f"demo finished in {time.perf_counter() - started:.0f} s; open {args.out / 'report.html'} in a browser"
               + (f" (and {learned / 'report.html'}, a LEGO model that learned three hops)" if learned else ""))

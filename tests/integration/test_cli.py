@@ -125,10 +125,13 @@ def test_demo_replaces_only_a_demo_run(tmp_path, capsys):
     few = ["--set", "train.snapshots=2", "--no-learned"]  # a timeline of 3 moments: the folder rules are the point
     assert main(["demo", "--out", str(demo), *TINY, *few]) == 0
     first = (demo / "model.safetensors").read_bytes()
-    # its own run: replaced
-    assert main(["demo", "--out", str(demo), *TINY, "--set", "train.seed=1", *few]) == 0
+    assert (demo / "timeline.json").exists()
+    # its own run: replaced; without snapshots, no timeline, and the report written after the analysis
+    assert main(["demo", "--out", str(demo), *TINY, "--set", "train.seed=1", "--set", "train.snapshots=0",
+                 "--no-learned"]) == 0
     assert (demo / "model.safetensors").read_bytes() != first
     assert json.loads((demo / "config.json").read_text())["train"]["seed"] == 1
+    assert (demo / "report.html").exists() and not (demo / "timeline.json").exists()
 
 
 @pytest.mark.slow  # the learned model's full LEGO analysis: a minute or two
