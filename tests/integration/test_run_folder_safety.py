@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 import warnings
 from pathlib import Path
 
@@ -24,7 +21,6 @@ from tests.processes import start, start_cli
 SHORT = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=40",
          "--set", "train.batch_size=16", "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20",
          "--set", "train.eval_size=200", "--no-progress"]
-REPO = Path(__file__).resolve().parents[2]
 
 
 def same_weights(a: Path, b: Path) -> bool:
@@ -78,26 +74,39 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
     assert not (out / LOCK).exists()
 
 
+def holds_the_lock(out: str) -> int:
+    """Takes the run folder's lock, as a trainer does, and keeps it (until killed)."""
+    import time
+
+    with run_lock(out):
+        time.sleep(120)
+    return 0
+
+
+def dies_holding_the_lock(out: str) -> int:
+    with run_lock(out):
+        os.kill(os.getpid(), 9)
+    return 0
+
+
 def test_reading_a_run_in_training_warns_that_it_is_a_checkpoint(tmp_path):
+    import time
+
     from models.runs import load_run
 
     out = tmp_path / "run"
     assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {str(REPO)!r})
-        from models.runs import run_lock
-        with run_lock({str(out)!r}):
-            print("locked", flush=True)
-            time.sleep(120)
-    """)], stdout=subprocess.PIPE, text=True)  # another process, as a trainer is
+    holder = start(holds_the_lock, str(out))  # another process, as a trainer is
     try:
-        assert holder.stdout.readline().strip() == "locked"
+        deadline = time.monotonic() + 60
+        while not (out / LOCK).is_file() or (out / LOCK).read_text() != str(holder.pid):  # names its holder once taken
+            assert holder.poll() is None and time.monotonic() < deadline, holder.stderr()
+            time.sleep(0.02)
         with pytest.warns(UserWarning, match=f"being trained by pid {holder.pid}"):
             load_run(out)
     finally:
-        holder.kill()
-        holder.wait()
+        holder.send_signal(9)
+        holder.wait(timeout=60)
     with run_lock(out), warnings.catch_warnings():  # this process's own lock (analyze holds it): no warning
         warnings.simplefilter("error")
         load_run(out)
@@ -108,16 +117,8 @@ def test_reading_a_run_in_training_warns_that_it_is_a_checkpoint(tmp_path):
 
 def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
     out = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import os, sys
-        sys.path.insert(0, {str(REPO)!r})
-        from models.runs import run_lock
-        with run_lock({str(out)!r}):
-            print("locked", flush=True)
-            os.kill(os.getpid(), 9)
-    """)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "locked"
-    holder.wait(timeout=60)
+    holder = start(dies_holding_the_lock, str(out))
+    assert holder.wait(timeout=60) == -9
     assert (out / LOCK).exists()  # the killed holder could not clean up
     assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
     assert not (out / LOCK).exists()

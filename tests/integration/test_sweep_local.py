@@ -5,8 +5,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from analyses.cli import main
 from analyses.runners.cell import CellResult
 from analyses.runners.sweep import _run_pool, run_cells
 from tests.helpers import tiny_composite_run
+from tests.processes import start
 
 TINY = ["--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=12",
         "--set", "train.batch_size=16", "--set", "train.eval_every=6", "--set", "train.eval_size=64",
@@ -108,6 +107,12 @@ def writes_its_pid_and_sleeps(name: str, cfg_dict: dict, run_dir: str) -> CellRe
     return CellResult(name, "done", {})
 
 
+def sweeps_sleeping_cells(jobs: dict) -> int:
+    """A sweep of two workers whose cells sleep (`writes_its_pid_and_sleeps`)."""
+    _run_pool(jobs, 2, print, cell_fn=writes_its_pid_and_sleeps)
+    return 0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -121,10 +126,7 @@ def test_a_sweep_stopped_with_sigterm_takes_its_workers_with_it(tmp_path):
     """`kill PID` on a sweep must not leave its workers training on: a restarted sweep would
     train the same folders twice."""
     jobs = {name: (tiny_composite_run(seed=i).to_dict(), str(tmp_path / name)) for i, name in enumerate("ab")}
-    script = ("import sys, json; from analyses.runners.sweep import _run_pool; "
-              "from tests.integration.test_sweep_local import writes_its_pid_and_sleeps; "
-              "_run_pool(json.loads(sys.argv[1]), 2, print, cell_fn=writes_its_pid_and_sleeps)")
-    parent = subprocess.Popen([sys.executable, "-c", script, json.dumps(jobs)], cwd=Path(__file__).parents[2])
+    parent = start(sweeps_sleeping_cells, jobs)
     pid_files = [tmp_path / name / "pid" for name in jobs]
     deadline = time.monotonic() + 60
     while not all(f.exists() and f.read_text() for f in pid_files):
@@ -133,7 +135,7 @@ def test_a_sweep_stopped_with_sigterm_takes_its_workers_with_it(tmp_path):
     workers = [int(f.read_text()) for f in pid_files]
     assert all(_alive(pid) for pid in workers)
     parent.send_signal(signal.SIGTERM)
-    assert parent.wait(timeout=30) == 143
+    assert parent.wait(timeout=30) == 143, parent.stderr()
     deadline = time.monotonic() + 15
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
