@@ -2,6 +2,13 @@
 the tests (tests/typecheck.py; the import hook must run before the packages are imported, so it
 runs when pytest is configured, before any test module is collected)."""
 
+import contextlib
+import fcntl
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 
@@ -56,3 +63,36 @@ def browser():
 
     with headless_chromium() as chromium:
         yield chromium
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory) -> Callable[[str, Callable[[Path], Path]], Path]:
+    """`built_once(name, build)`: what `build(folder)` returns, built into an empty `folder` once
+    per test session, shared by the pytest-xdist workers (the first to ask builds it under a file
+    lock; one that asks meanwhile waits, then reads it). For a folder that test files of their own
+    would each train or analyse again; read it only, and copy it before changing anything."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base is a folder of the session's
+        root = root.parent
+    shared = root / "built-once"
+    shared.mkdir(exist_ok=True)
+
+    def get(name: str, build: Callable[[Path], Path]) -> Path:
+        folder, done = shared / name, shared / f"{name}.built"
+        with open(shared / f"{name}.lock", "w") as lock, _locked(lock):
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a build that failed part-way
+                folder.mkdir()
+                done.write_text(str(build(folder).relative_to(folder)))
+        return folder / done.read_text()
+
+    return get
+
+
+@contextlib.contextmanager
+def _locked(file):
+    fcntl.flock(file, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(file, fcntl.LOCK_UN)

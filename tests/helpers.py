@@ -29,6 +29,24 @@ def tiny_composite_run(steps: int = 20, **train) -> RunConfig:
     )
 
 
+def analysed_zoo_copy(built_once, name: str):
+    """A copy of the zoo's model `name` analysed by `workbench analyze --samples 128`
+    (analysis.json and report.html beside its weights), built once per test session (the
+    `built_once` fixture): read it only, copy it to change it."""
+    import shutil
+
+    from analyses.cli import main
+    from analyses.zoo import zoo_path
+
+    def build(folder):
+        out = folder / name
+        shutil.copytree(zoo_path(name), out)
+        assert main(["analyze", str(out), "--samples", "128"]) == 0
+        return out
+
+    return built_once(f"analysed-{name}", build)
+
+
 def folder_bytes(folder) -> dict[str, bytes]:
     """Every file under `folder` (snapshots/ included), by its path inside it, with its bytes:
     what a test compares to say that a command changed nothing."""

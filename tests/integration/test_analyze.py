@@ -14,6 +14,7 @@ import torch
 from analyses.cli import main
 from interp.circuit import faithfulness_areas
 from interp.patching import spearman
+from tests.helpers import analysed_zoo_copy
 from tests.integration.test_cli import TINY
 
 
@@ -314,15 +315,12 @@ def test_the_analysis_is_typed_until_written_in_the_format_of_before(tmp_path, t
                for section in ["Verdict", "Activation patching", "Path patching", "Circuit"])
 
 
-def test_a_learned_models_circuit_areas_lie_in_0_1_in_analysis_json_and_the_report(tmp_path):
-    """On a learned model (the zoo's composite-inferential, copied) the faithfulness curves run
-    from the corrupted run to the clean one without overshooting, so MIB's CPR and CMD lie in
-    [0, 1], over heads under both ablations and over edges, and sum to 1."""
-    from analyses.zoo import zoo_path
-
-    out = tmp_path / "composite-inferential"
-    shutil.copytree(zoo_path("composite-inferential"), out)
-    assert main(["analyze", str(out), "--samples", "64"]) == 0
+def test_a_learned_models_circuit_areas_lie_in_0_1_in_analysis_json_and_the_report(built_once):
+    """On a learned model (the zoo's composite-inferential, copied and analysed: shared with
+    test_browser_report) the faithfulness curves run from the corrupted run to the clean one
+    without overshooting, so MIB's CPR and CMD lie in [0, 1], over heads under both ablations and
+    over edges, and sum to 1."""
+    out = analysed_zoo_copy(built_once, "composite-inferential")
     areas = json.loads((out / "analysis.json").read_text())["patching"]["paths"]["circuit"]["areas"]
     for one in [*areas["nodes"].values(), areas["edges"]]:
         assert 0 <= one["cpr"] <= 1 and 0 <= one["cmd"] <= 1 and one["cpr"] + one["cmd"] == pytest.approx(1, abs=1e-3)

@@ -28,7 +28,7 @@ from models.runs import load_run
 from models.train import Trainer
 from tasks import LegoConfig
 from tasks.lego import SPECIALS, VARIABLES
-from tests.helpers import tiny_composite_run, tiny_lego_run
+from tests.helpers import analysed_zoo_copy, tiny_composite_run, tiny_lego_run
 
 # Every LEGO variable is renamed to a string that runs script if the report ever pastes token
 # text into the page as HTML. The run folder's name (the page title) carries a payload too.
@@ -236,13 +236,14 @@ OVER_PRECISE = re.compile(r"\d\.\d{5,}")  # a number with 5 or more decimals
 
 
 @pytest.fixture(scope="module")
-def one_head_composite_report(tmp_path_factory) -> Path:
-    torch.set_num_threads(1)
+def one_head_composite_report(tmp_path_factory, built_once) -> Path:
+    """The zoo's composite-inferential analysed (shared with test_analyze), copied: the tests write
+    their screenshots beside the report."""
     run_dir = tmp_path_factory.mktemp("one-head") / "composite-inferential"
-    shutil.copytree(ZOO / "composite-inferential", run_dir)
-    run = load_run(run_dir)
-    assert (run.model.cfg.n_layers, run.model.cfg.n_heads) == (2, 1)
-    return write_run_report(run, analysis=analyze_run(run, n_samples=128))
+    shutil.copytree(analysed_zoo_copy(built_once, "composite-inferential"), run_dir)
+    cfg = load_run(run_dir).model.cfg
+    assert (cfg.n_layers, cfg.n_heads) == (2, 1)
+    return run_dir / "report.html"
 
 
 @pytest.fixture(scope="module")

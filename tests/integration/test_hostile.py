@@ -250,25 +250,30 @@ def test_the_hostile_table_has_at_least_40_rows(count):
 
 
 # ------------------------------------------------------------------------------------------------
-# the tiny trained folders, built once per module and copied per row
+# the tiny trained folders, built once per session (test_resume_cut reads them too) and copied per row
 
 
 @pytest.fixture(scope="module")
-def base_run(tmp_path_factory) -> Path:
+def base_run(built_once) -> Path:
     """A finished tiny composite run (20 steps, 4 evaluations, checkpoints at 10 and 20) with its
     analysis.json and report.html."""
-    out = tmp_path_factory.mktemp("base") / "run"
-    assert main(["train", "--preset", "composite-cpu", "--out", str(out), *TINY]) == 0
-    assert main(["analyze", str(out), "--samples", "8"]) == 0
-    return out
+    def build(folder: Path) -> Path:
+        out = folder / "run"
+        assert main(["train", "--preset", "composite-cpu", "--out", str(out), *TINY]) == 0
+        assert main(["analyze", str(out), "--samples", "8"]) == 0
+        return out
+
+    return built_once("hostile-base-run", build)
 
 
 @pytest.fixture(scope="module")
-def partial_run(tmp_path_factory, base_run) -> Path:
+def partial_run(built_once, base_run) -> Path:
     """The base run's config killed in step 16: train state of step 10, metrics to step 15."""
-    out = tmp_path_factory.mktemp("partial") / "run"
-    kill_at(read_config(base_run), out, 15)
-    return out
+    def build(folder: Path) -> Path:
+        kill_at(read_config(base_run), folder / "run", 15)
+        return folder / "run"
+
+    return built_once("hostile-partial-run", build)
 
 
 @pytest.fixture(scope="module")
