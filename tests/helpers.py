@@ -47,6 +47,20 @@ def analysed_zoo_copy(built_once, name: str):
     return built_once(f"analysed-{name}", build)
 
 
+def lego_timeline_run(built_once):
+    """A tiny LEGO run (`tiny_lego_run(steps=20, snapshots=4)`) with its timeline and report
+    (`workbench analyze --timeline`), built once per test session (`built_once`): read it only."""
+    from analyses.cli import main
+    from models.train import Trainer
+
+    def build(folder):
+        Trainer(tiny_lego_run(steps=20, snapshots=4), folder / "run", progress=False).fit()
+        assert main(["analyze", str(folder / "run"), "--timeline", "--no-progress"]) == 0
+        return folder / "run"
+
+    return built_once("lego-timeline", build)
+
+
 def folder_bytes(folder) -> dict[str, bytes]:
     """Every file under `folder` (snapshots/ included), by its path inside it, with its bytes:
     what a test compares to say that a command changed nothing."""

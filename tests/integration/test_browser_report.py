@@ -28,7 +28,7 @@ from models.runs import load_run
 from models.train import Trainer
 from tasks import LegoConfig
 from tasks.lego import SPECIALS, VARIABLES
-from tests.helpers import analysed_zoo_copy, tiny_composite_run, tiny_lego_run
+from tests.helpers import analysed_zoo_copy, lego_timeline_run, tiny_composite_run, tiny_lego_run
 
 # Every LEGO variable is renamed to a string that runs script if the report ever pastes token
 # text into the page as HTML. The run folder's name (the page title) carries a payload too.
@@ -196,14 +196,16 @@ def test_report_of_every_head_of_a_6_layer_model_stays_under_5_mb(tmp_path):
 
 
 @pytest.fixture(scope="module", params=["lego", "composite"])
-def timeline_report(request, tmp_path_factory) -> Path:
-    """A tiny run of each task with its timeline (`workbench analyze --timeline`), the report rewritten."""
+def timeline_report(request, tmp_path_factory, built_once) -> Path:
+    """A tiny run of each task with its timeline (`workbench analyze --timeline`), the report
+    rewritten; the LEGO one is test_timeline's, copied (the test writes its screenshot beside it)."""
     from analyses.cli import main
 
-    torch.set_num_threads(1)
     run_dir = tmp_path_factory.mktemp(f"timeline-{request.param}") / "run"
-    make = tiny_lego_run if request.param == "lego" else tiny_composite_run
-    Trainer(make(steps=20, snapshots=5), run_dir, progress=False).fit()
+    if request.param == "lego":
+        shutil.copytree(lego_timeline_run(built_once), run_dir)
+        return run_dir / "report.html"
+    Trainer(tiny_composite_run(steps=20, snapshots=5), run_dir, progress=False).fit()
     assert main(["analyze", str(run_dir), "--timeline", "--no-progress"]) == 0
     return run_dir / "report.html"
 

@@ -15,7 +15,7 @@ from models.curriculum import train_curriculum
 from models.runs import ERROR_LOG, REPORT, SNAPSHOTS, TIMELINE, load_run, verified_weights
 from models.snapshots import INDEX, read_index, read_snapshot, scheduled_steps
 from models.train import Trainer
-from tests.helpers import kill_then_resume, tiny_composite_run, tiny_lego_run
+from tests.helpers import kill_then_resume, lego_timeline_run, tiny_composite_run
 
 TINY = ["--preset", "composite-cpu", "--set", "model.d_model=32", "--set", "model.d_mlp=64", "--set", "train.steps=60",
         "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20", "--set", "train.eval_size=200",
@@ -71,10 +71,8 @@ def test_analyze_timeline_writes_timeline_json_with_the_tasks_evidence_and_a_rep
     assert "weights, from step 0, on 256 test-split sequences" in page
 
 
-def test_a_lego_timeline_reads_accuracy_per_variable_and_names_what_is_learned(tmp_path):
-    run = tmp_path / "lego"
-    Trainer(tiny_lego_run(steps=20, snapshots=4), run, progress=False).fit()
-    assert main(["analyze", str(run), "--timeline", "--no-progress"]) == 0
+def test_a_lego_timeline_reads_accuracy_per_variable_and_names_what_is_learned(built_once):
+    run = lego_timeline_run(built_once)  # shared with test_browser_report
     point = json.loads((run / TIMELINE).read_text())["points"][-1]
     assert list(point["panels"]) == ["accuracy per variable"]
     assert list(point["panels"]["accuracy per variable"])[2] == "#2 (not supervised)"
