@@ -2,7 +2,6 @@
 the tests (tests/typecheck.py; the import hook must run before the packages are imported, so it
 runs when pytest is configured, before any test module is collected)."""
 
-import contextlib
 import fcntl
 import os
 import shutil
@@ -79,7 +78,8 @@ def built_once(tmp_path_factory) -> Callable[[str, Callable[[Path], Path]], Path
 
     def get(name: str, build: Callable[[Path], Path]) -> Path:
         folder, done = shared / name, shared / f"{name}.built"
-        with open(shared / f"{name}.lock", "w") as lock, _locked(lock):
+        with open(shared / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
             if not done.exists():
                 shutil.rmtree(folder, ignore_errors=True)  # a build that failed part-way
                 folder.mkdir()
@@ -87,12 +87,3 @@ def built_once(tmp_path_factory) -> Callable[[str, Callable[[Path], Path]], Path
         return folder / done.read_text()
 
     return get
-
-
-@contextlib.contextmanager
-def _locked(file):
-    fcntl.flock(file, fcntl.LOCK_EX)
-    try:
-        yield
-    finally:
-        fcntl.flock(file, fcntl.LOCK_UN)

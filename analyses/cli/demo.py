@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if status == 0:
         # the analysis (verdict, heads, circuit), then the solution through training (where snapshots were kept);
         # the report is written once, by the last
-        timelines = [False, True] if cfg.train.snapshots not in (0, []) else [False]
+        timelines = [False, True] if (args.out / SNAPSHOTS).is_dir() else [False]
         for timeline in timelines:
             last = timeline == timelines[-1]
             analyze(argparse.Namespace(run_dir=args.out, samples=512, seed=0, device="cpu", timeline=timeline,

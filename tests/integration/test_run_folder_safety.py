@@ -93,13 +93,14 @@ def test_reading_a_run_in_training_warns_that_it_is_a_checkpoint(tmp_path):
     import time
 
     from models.runs import load_run
+    from models.safe_files import writer_pid
 
     out = tmp_path / "run"
     assert main(["train", "--preset", "composite-cpu", "--out", str(out), *SHORT]) == 0
     holder = start(holds_the_lock, str(out))  # another process, as a trainer is
     try:
         deadline = time.monotonic() + 60
-        while not (out / LOCK).is_file() or (out / LOCK).read_text() != str(holder.pid):  # names its holder once taken
+        while writer_pid(out) != str(holder.pid):
             assert holder.poll() is None and time.monotonic() < deadline, holder.stderr()
             time.sleep(0.02)
         with pytest.warns(UserWarning, match=f"being trained by pid {holder.pid}"):
